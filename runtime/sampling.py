@@ -1,0 +1,119 @@
+"""Shared sampling: temperature, top-k, top-p on numpy arrays, seeded by the caller.
+
+Everything works on log-probabilities. A filtered distribution is a float64 array of
+shape (V,) or (rows, V) where tokens outside the kept set are ``-inf``. The order is the one
+Hugging Face's logits processors use (and the paper's code inherits): temperature, then top-k,
+then top-p. Temperature 0 means greedy: the distribution is one-hot on the argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+NEG_INF = -np.inf
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    top_k: int = 10  # 0 disables
+    top_p: float = 0.9  # 1.0 disables
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax that tolerates ``-inf`` entries (at least one finite per row)."""
+    x = np.asarray(x, dtype=np.float64)
+    m = np.max(x, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        z = np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
+    return x - m - z
+
+
+def top_k_mask(x: np.ndarray, k: int) -> np.ndarray:
+    """Keep the k largest entries of each row, set the rest to -inf (ties broken by index)."""
+    v = x.shape[-1]
+    if k <= 0 or k >= v:
+        return x
+    idx = np.argpartition(-x, k - 1, axis=-1)[..., :k]
+    out = np.full_like(x, NEG_INF)
+    np.put_along_axis(out, idx, np.take_along_axis(x, idx, axis=-1), axis=-1)
+    return out
+
+
+def top_p_mask(logp: np.ndarray, p: float) -> np.ndarray:
+    """Nucleus filter on normalised log-probs: keep the smallest most-probable set whose mass
+    reaches ``p`` (always at least one token), set the rest to -inf. Not renormalised."""
+    if p >= 1.0:
+        return logp
+    order = np.argsort(-logp, axis=-1, kind="stable")
+    sorted_p = np.exp(np.take_along_axis(logp, order, axis=-1))
+    before = np.cumsum(sorted_p, axis=-1) - sorted_p  # mass strictly before each token
+    drop_sorted = before >= p
+    drop = np.empty_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return np.where(drop, NEG_INF, logp)
+
+
+def filtered_logprobs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+    """log of the distribution we sample from: temperature -> top-k -> top-p, renormalised.
+
+    ``logits`` has shape (V,) or (rows, V). At temperature 0 each row is one-hot on its argmax.
+    """
+    logits = np.asarray(logits)
+    if cfg.greedy:
+        out = np.full(logits.shape, NEG_INF)
+        np.put_along_axis(out, np.argmax(logits, axis=-1)[..., None], 0.0, axis=-1)
+        return out
+    v = logits.shape[-1]
+    if not 0 < cfg.top_k < v:
+        return _nucleus(log_softmax(logits.astype(np.float64) / cfg.temperature), cfg.top_p)
+    # Work on the k kept entries only (cheap even for 262k-token vocabularies), then scatter.
+    # Temperature does not change the order; selecting the top k from the end is fastest.
+    idx = np.argpartition(logits, v - cfg.top_k, axis=-1)[..., v - cfg.top_k:]
+    vals = np.take_along_axis(logits, idx, axis=-1).astype(np.float64) / cfg.temperature
+    kept = _nucleus(log_softmax(vals), cfg.top_p)
+    out = np.full(logits.shape, NEG_INF)
+    np.put_along_axis(out, idx, kept, axis=-1)
+    return out
+
+
+def _nucleus(logp: np.ndarray, top_p: float) -> np.ndarray:
+    return log_softmax(top_p_mask(logp, top_p)) if top_p < 1.0 else logp
+
+
+def sample(logp: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token from a single filtered log-prob row."""
+    idx = np.flatnonzero(np.isfinite(logp))
+    if len(idx) == 1:
+        return int(idx[0])
+    probs = np.exp(logp[idx])
+    return int(idx[rng.choice(len(idx), p=probs / probs.sum())])
+
+
+def sample_without_replacement(scores: np.ndarray, n: int, rng: np.random.Generator | None) -> np.ndarray:
+    """Pick up to ``n`` distinct flat indices of ``scores`` (log-weights, -inf = excluded).
+
+    With ``rng`` the draw is proportional to exp(score) without replacement (Gumbel-top-n);
+    with ``rng=None`` it is the deterministic top-n. Returned best first.
+    """
+    flat = scores.ravel()
+    idx = np.flatnonzero(np.isfinite(flat))
+    keys = flat[idx]
+    if rng is not None:
+        keys = keys + rng.gumbel(size=len(keys))
+    n = min(n, len(idx))
+    best = np.argsort(-keys, kind="stable")[:n]
+    return idx[best]
