@@ -6,6 +6,7 @@ Each step returns the tokens it commits; rolling back is cutting the KV cache by
 """
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Optional
@@ -57,6 +58,7 @@ class DecodeConfig:
 @dataclass
 class Stats:
     method: str = ""
+    seed: int = 0
     prompt_tokens: int = 0
     generated: int = 0
     target_calls: int = 0
@@ -118,10 +120,11 @@ class Generation:
         if cfg.method != "ar" and aux is None:
             raise ValueError(f"method {cfg.method} needs an auxiliary model")
         self.target, self.cfg = target, cfg
-        self.rng = np.random.default_rng(cfg.seed)
+        self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(32)
+        self.rng = np.random.default_rng(self.seed)
         self.tokens = list(prompt)
         self.n_prompt = len(prompt)
-        self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt))
+        self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
         self.tgt = Cursor(target)
         self.drafter = None
         if cfg.method != "ar":
@@ -131,8 +134,10 @@ class Generation:
     def __iter__(self) -> Iterator[list[int]]:
         st, cfg = self.stats, self.cfg
         t0 = time.perf_counter()
+        self.target.rollback(0, 0)  # start from an empty cache whatever ran before
         self.tgt.feed(self.tokens[:-1], logits="none")
         if self.drafter is not None:
+            self.drafter.reset()
             self.drafter.cursor.feed(self.tokens[:-1], logits="none")
         st.prefill_s = time.perf_counter() - t0
         step = {"ar": self._ar_step, "sd": self._sd_step, "mtad": self._mtad_step}[cfg.method]

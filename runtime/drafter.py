@@ -120,7 +120,16 @@ class BeamDrafter:
         m = min(k, self._cached)  # the chosen beam's cache holds x_1..x_{gamma-1}
         if m:
             self.aux.copy_seq(self._best_seq, 0, base, base + m)
+        self._drop_beams()
+        self.cursor.n_kv = base + m
+
+    def reset(self) -> None:
+        """Forget everything: empty cache, no beams."""
+        self._drop_beams()
+        self.aux.rollback(0, 0)
+        self.cursor.n_kv = 0
+
+    def _drop_beams(self) -> None:
         for s in range(1, beam_slots(self.width)):  # both banks; empty ones cost nothing
             self.aux.rollback(s, 0)
         self._best_seq, self._cached = 0, 0
-        self.cursor.n_kv = base + m

@@ -1,0 +1,75 @@
+"""Open a target/aux pair on llama.cpp, sized for a decoding config, and check they match."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from mtad_edge.pairs import Pair
+from mtad_edge.runtime.compat import check_pair
+from mtad_edge.runtime.decoding import DecodeConfig
+from mtad_edge.runtime.drafter import beam_slots
+from mtad_edge.runtime.errors import MtadEdgeError
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    n_ctx: Optional[int] = None  # None: the manifest's context_size, else 2048
+    n_threads: Optional[int] = None
+    n_gpu_layers: Optional[int] = None  # None: all layers when the build can offload, else 0
+    flash_attn: Optional[bool] = None
+
+
+class LoadedPair:
+    """The two backends of a pair; a context manager that closes both."""
+
+    def __init__(self, target, aux, pair: Pair):
+        self.target, self.aux, self.pair = target, aux, pair
+
+    def close(self) -> None:
+        for m in (self.target, self.aux):
+            if m is not None:
+                m.close()
+
+    def __enter__(self) -> "LoadedPair":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _gpu_layers(requested: Optional[int]) -> int:
+    if requested is not None:
+        return requested
+    import llama_cpp
+
+    return -1 if llama_cpp.llama_supports_gpu_offload() else 0
+
+
+def open_pair(pair: Pair, cfg: DecodeConfig, opts: ModelOptions = ModelOptions()) -> LoadedPair:
+    """Load the target (and the aux unless ``cfg.method`` is ar) with contexts sized for ``cfg``."""
+    from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+
+    if pair.target is None:
+        raise MtadEdgeError("--aux needs --target")
+    if cfg.method != "ar" and pair.aux is None:
+        raise MtadEdgeError(f"method {cfg.method} needs an auxiliary model: give --aux (or use --method ar)")
+    n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
+    common = dict(n_threads=opts.n_threads, n_gpu_layers=_gpu_layers(opts.n_gpu_layers), flash_attn=opts.flash_attn)
+    target = LlamaCppBackend(pair.target, LlamaCppConfig(n_ctx=n_ctx, **common))
+    if cfg.method == "ar":
+        return LoadedPair(target, None, pair)
+    slots = beam_slots(cfg.width)
+    try:
+        # Beams add up to 2w(gamma-1) cells beside the committed text in the unified cache.
+        aux = LlamaCppBackend(pair.aux, LlamaCppConfig(n_ctx=n_ctx + slots * cfg.gamma, n_seq_max=slots, **common))
+    except Exception:
+        target.close()
+        raise
+    try:
+        check_pair(target, aux, f"target {Path(pair.target).name}", f"aux {Path(pair.aux).name}")
+    except Exception:
+        target.close()
+        aux.close()
+        raise
+    return LoadedPair(target, aux, pair)

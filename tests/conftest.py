@@ -1,0 +1,113 @@
+"""Shared fixtures: a fake backend for the pure decoding logic, and the real embedded pair."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mtad_edge.runtime.backend import Batch, VocabInfo
+
+
+class FakeLM:
+    """A deterministic toy language model implementing the Backend protocol.
+
+    Its logits are a pseudo-random function of the *whole* context of the sequence they are
+    computed in, so any mistake in KV bookkeeping (a beam evaluated on its sibling's cache, a
+    rollback that keeps a stale token, a token at the wrong position) changes the distribution.
+    ``salt`` makes a different model over the same vocabulary (a draft unlike its target).
+    """
+
+    def __init__(self, vocab: int = 5, salt: int = 0, n_ctx: int = 256, n_seq_max: int = 1,
+                 sharpness: float = 1.5, eog: int | None = None):
+        self.n_vocab, self.salt, self.n_ctx, self.n_seq_max = vocab, salt, n_ctx, n_seq_max
+        self.sharpness, self.eog = sharpness, eog
+        self.seqs: dict[int, list[int]] = {}
+        self.calls = 0
+
+    def logits_for(self, context: list[int]) -> np.ndarray:
+        seed = hash((self.salt, *context)) % 2**32
+        return (np.random.default_rng(seed).normal(size=self.n_vocab) * self.sharpness).astype(np.float32)
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [ord(c) % self.n_vocab for c in text]
+
+    def token_bytes(self, token: int) -> bytes:
+        return chr(ord("a") + token).encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eog
+
+    def vocab_info(self) -> VocabInfo:
+        return VocabInfo("fake", self.n_vocab, 0, 1, False, lambda i: bytes([i]))
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        self.calls += 1
+        rows = []
+        for tok, pos, seq_ids, want in zip(batch.tokens, batch.pos, batch.seq_ids, batch.logits):
+            assert pos < self.n_ctx, "KV cache overflow"
+            for s in seq_ids:
+                assert 0 <= s < self.n_seq_max, f"seq {s} out of range"
+                seq = self.seqs.setdefault(s, [])
+                assert pos == len(seq), f"seq {s}: token at position {pos} but cache holds {len(seq)}"
+                seq.append(tok)
+            if want:
+                rows.append(self.logits_for(self.seqs[seq_ids[0]]))
+        return np.array(rows, dtype=np.float32).reshape(len(rows), self.n_vocab)
+
+    def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        s, d = self.seqs.get(src, []), self.seqs.setdefault(dst, [])
+        lo, hi = max(p0, 0), (len(s) if p1 < 0 else p1)
+        assert lo <= len(d), "copy would leave a hole"
+        d[lo:hi] = s[lo:hi]
+
+    def rollback(self, seq: int, n_keep: int) -> None:
+        del self.seqs.setdefault(seq, [])[n_keep:]
+
+    def close(self) -> None:
+        pass
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Upper chi-square quantile by Wilson-Hilferty; z = 3.09 is the 0.999 normal quantile."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi2_stat(observed: np.ndarray, expected_p: np.ndarray) -> tuple[float, int]:
+    n = observed.sum()
+    keep = expected_p > 0
+    assert observed[~keep].sum() == 0, "sampled an outcome of probability 0"
+    exp = expected_p[keep] * n
+    return float(((observed[keep] - exp) ** 2 / exp).sum()), int(keep.sum() - 1)
+
+
+@pytest.fixture
+def fake_pair():
+    """Target and a different draft model over the same 5-token vocabulary."""
+    return FakeLM(salt=1), FakeLM(salt=2, n_seq_max=9)
+
+
+# -- the real embedded pair (slow: llama.cpp) --------------------------------------------------
+@pytest.fixture(scope="session")
+def smol_files():
+    from mtad_edge.pairs import load_manifest, prepare
+
+    return prepare(load_manifest("smollm2-135m"))
+
+
+@pytest.fixture(scope="session")
+def gemma_files():
+    from mtad_edge.pairs import load_manifest, prepare
+
+    return prepare(load_manifest("gemma3-270m"))
+
+
+@pytest.fixture(scope="session")
+def smol_models(smol_files):
+    """F16 target and Q4_0 aux with room for beam width 4, gamma 4."""
+    from mtad_edge.loader import ModelOptions, open_pair
+    from mtad_edge.runtime.decoding import DecodeConfig
+
+    with open_pair(smol_files, DecodeConfig(method="mtad"), ModelOptions(n_ctx=512)) as models:
+        yield models
+

@@ -1,0 +1,154 @@
+"""The decoding loop and the beam drafter on the fake backend (no real model)."""
+import numpy as np
+import pytest
+
+from conftest import FakeLM, chi2_critical, chi2_stat
+from mtad_edge.runtime.decoding import DecodeConfig, Generation, generate_tokens
+from mtad_edge.runtime.drafter import BeamDrafter
+from mtad_edge.runtime.errors import ContextOverflowError
+from mtad_edge.runtime.sampling import SamplingConfig, filtered_logprobs
+
+PROMPT = [1, 2, 3]
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def run(target, aux, method, **kw):
+    return generate_tokens(target, aux, PROMPT, DecodeConfig(method=method, **kw))
+
+
+def test_greedy_sd_and_mtad_equal_greedy_ar(fake_pair):
+    target, aux = fake_pair
+    ar, _ = run(target, None, "ar", max_tokens=40, sampling=GREEDY)
+    for method in ("sd", "mtad"):
+        for gamma in (1, 3, 5):
+            out, st = run(target, aux, method, max_tokens=40, gamma=gamma, sampling=GREEDY)
+            assert out == ar, (method, gamma)
+            assert st.generated == 40
+
+
+def test_ar_is_the_target_greedy_chain(fake_pair):
+    target, _ = fake_pair
+    out, st = run(target, None, "ar", max_tokens=6, sampling=GREEDY)
+    ctx = list(PROMPT)
+    for t in out:
+        assert t == int(np.argmax(target.logits_for(ctx)))
+        ctx.append(t)
+    assert st.target_calls == 6 and st.block_efficiency == 1.0 and st.drafted == 0
+
+
+def exact_two_token_joint(target, cfg):
+    p1 = np.exp(filtered_logprobs(target.logits_for(PROMPT), cfg))
+    joint = np.zeros((target.n_vocab, target.n_vocab))
+    for a in range(target.n_vocab):
+        if p1[a] > 0:
+            joint[a] = p1[a] * np.exp(filtered_logprobs(target.logits_for(PROMPT + [a]), cfg))
+    return joint.ravel()
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(1.0, 0, 1.0), SamplingConfig(0.8, 4, 0.9)])
+def test_sd_output_follows_the_target_joint_distribution(sampling):
+    """Lossless: the first two tokens from the full sd loop are distributed as under AR."""
+    target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
+    counts = np.zeros(target.n_vocab ** 2)
+    for seed in range(3000):
+        out, _ = run(target, aux, "sd", max_tokens=2, gamma=3, sampling=sampling, seed=seed)
+        counts[out[0] * target.n_vocab + out[1]] += 1
+    stat, df = chi2_stat(counts, exact_two_token_joint(target, sampling))
+    assert stat < chi2_critical(df)
+
+
+def test_mtad_accepts_every_draft_when_draft_equals_target():
+    """p == q makes every joint ratio 1 > threshold: all gamma tokens pass, plus the bonus."""
+    target, aux = FakeLM(salt=3), FakeLM(salt=3, n_seq_max=9)
+    out, st = run(target, aux, "mtad", max_tokens=50, gamma=4, beam_width=3, seed=5)
+    assert st.accept_lengths[:-1] == [4] * (len(st.accept_lengths) - 1)
+    assert st.acceptance_rate > 0.95 and st.block_efficiency >= 4.5
+
+
+def test_beam_drafter_log_q_matches_a_fresh_computation():
+    """Each beam is evaluated on its own cache: the chosen beam's per-token log q equals the
+    draft model's filtered log-probs recomputed from scratch along that beam."""
+    cfg = SamplingConfig(1.0, 3, 1.0)
+    aux = FakeLM(salt=4, n_seq_max=9)
+    rng = np.random.default_rng(0)
+    drafter = BeamDrafter(aux, cfg, width=4, rng=rng, keep_rows=True)
+    tokens = list(PROMPT)
+    drafter.cursor.feed(tokens[:-1], logits="none")
+    for _ in range(5):
+        d = drafter.propose(tokens, 4)
+        ctx = list(tokens)
+        for i, x in enumerate(d.tokens):
+            ref = filtered_logprobs(aux.logits_for(ctx), cfg)
+            assert np.isclose(d.logq_x[i], ref[x])
+            assert np.allclose(np.nan_to_num(d.q_rows[i], neginf=-1e9), np.nan_to_num(ref, neginf=-1e9))
+            ctx.append(int(x))
+        k = int(rng.integers(0, 5))
+        tokens = tokens + [int(t) for t in d.tokens[:k]] + [int(rng.integers(0, 5))]
+        drafter.commit(tokens, k)
+        assert aux.seqs[0] == tokens[: drafter.cursor.n_kv]  # committed cache is a prefix
+        assert all(not aux.seqs.get(s) for s in range(1, 9))  # beams dropped
+
+
+def test_greedy_beam_draft_is_the_top_joint_sequence():
+    """Temperature 0, width = all candidates: the draft is the argmax of joint log q."""
+    aux = FakeLM(vocab=3, salt=5, n_seq_max=19)
+    cfg = SamplingConfig(0.0, 0, 1.0)
+    drafter = BeamDrafter(aux, cfg, width=9, rng=np.random.default_rng(0))
+    d = drafter.propose(list(PROMPT), 2)
+    best, best_score = None, -np.inf
+    score_cfg = SamplingConfig(1.0, 0, 1.0)
+    for a in range(3):
+        la = filtered_logprobs(aux.logits_for(PROMPT), score_cfg)[a]
+        for b in range(3):
+            s = la + filtered_logprobs(aux.logits_for(PROMPT + [a]), score_cfg)[b]
+            if s > best_score:
+                best, best_score = [a, b], s
+    assert d.tokens.tolist() == best
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "mtad"])
+def test_stats_are_consistent_with_tokens(fake_pair, method):
+    target, aux = fake_pair
+    out, st = run(target, aux, method, max_tokens=37, seed=1)
+    assert st.generated == len(out) == 37 and st.finish_reason == "length"
+    assert st.accepted <= st.drafted and sum(st.accept_lengths) == st.accepted
+    assert st.block_efficiency == pytest.approx(len(out) / st.target_calls)
+    if method != "ar":
+        assert st.drafted == 4 * st.target_calls
+        assert len(out) <= st.accepted + st.target_calls  # k accepted + 1 bonus per call
+    assert st.wall_s >= st.prefill_s + st.draft_s + st.verify_s - 1e-9
+
+
+def test_end_of_generation_token_stops_and_is_not_emitted():
+    target = FakeLM(salt=1, eog=0)
+    out, st = generate_tokens(target, None, PROMPT, DecodeConfig(method="ar", max_tokens=500, sampling=GREEDY))
+    ctx = PROMPT + out
+    assert 0 not in out and st.finish_reason == "stop"
+    assert int(np.argmax(target.logits_for(ctx))) == 0
+
+
+def test_prompt_too_long_for_context_is_refused(fake_pair):
+    target, aux = FakeLM(salt=1, n_ctx=10), FakeLM(salt=2, n_seq_max=9)
+    with pytest.raises(ContextOverflowError, match="prompt has 8 tokens"):
+        Generation(target, aux, list(range(8)), DecodeConfig(method="mtad", gamma=4))
+
+
+def test_generation_stops_when_context_is_full():
+    target = FakeLM(salt=1, n_ctx=20)
+    out, st = generate_tokens(target, None, PROMPT, DecodeConfig(method="ar", max_tokens=100))
+    assert st.finish_reason == "context" and len(PROMPT) + len(out) == 20  # cache holds 19 + pending
+
+
+@pytest.mark.parametrize("kw", [dict(gamma=0), dict(beam_width=0), dict(accept_threshold=0.0),
+                                dict(accept_threshold=1.1), dict(max_tokens=0), dict(method="beam")])
+def test_invalid_decode_config(kw):
+    with pytest.raises(ValueError):
+        DecodeConfig(**kw)
+
+
+def test_same_seed_same_output(fake_pair):
+    target, aux = fake_pair
+    a, _ = run(target, aux, "mtad", max_tokens=30, seed=11)
+    b, _ = run(target, aux, "mtad", max_tokens=30, seed=11)
+    c, _ = run(target, aux, "mtad", max_tokens=30, seed=12)
+    assert a == b and a != c

@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+
+from mtad_edge.runtime.sampling import (SamplingConfig, filtered_logprobs, log_softmax, sample,
+                                        sample_without_replacement, top_k_mask, top_p_mask)
+
+
+def test_top_k_keeps_the_k_largest():
+    x = np.array([[0.1, 3.0, -1.0, 2.0, 0.5]])
+    out = top_k_mask(x, 2)
+    assert np.isfinite(out).sum() == 2
+    assert set(np.flatnonzero(np.isfinite(out[0]))) == {1, 3}
+    assert top_k_mask(x, 0) is x and top_k_mask(x, 5) is x
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    kept = np.isfinite(top_p_mask(np.log(p), 0.8))
+    assert kept.tolist() == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    kept = np.isfinite(top_p_mask(np.log(p), 0.81))
+    assert kept.tolist() == [True, True, True, False]
+    assert np.isfinite(top_p_mask(np.log(p), 0.1)).sum() == 1  # never empty
+
+
+def test_filtered_logprobs_matches_a_direct_computation():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 50)).astype(np.float32) * 2
+    cfg = SamplingConfig(temperature=0.7, top_k=8, top_p=0.8)
+    got = filtered_logprobs(logits, cfg)
+    for row, g in zip(logits, got):
+        x = row.astype(np.float64) / 0.7
+        keep = np.argsort(-x)[:8]
+        p = np.exp(x[keep] - x[keep].max())
+        p /= p.sum()
+        order = np.argsort(-p)
+        cum = np.cumsum(p[order]) - p[order]
+        nucleus = keep[order[cum < 0.8]]
+        expect = np.full(50, -np.inf)
+        q = np.exp(x[nucleus] - x[nucleus].max())
+        expect[nucleus] = np.log(q / q.sum())
+        assert np.array_equal(np.isfinite(g), np.isfinite(expect))
+        assert np.allclose(g[nucleus], expect[nucleus])
+        assert np.isclose(np.exp(g[np.isfinite(g)]).sum(), 1.0)
+
+
+def test_no_top_k_path_and_greedy():
+    logits = np.array([1.0, 2.0, 0.5, 1.5])
+    full = filtered_logprobs(logits, SamplingConfig(1.0, 0, 1.0))
+    assert np.allclose(full, log_softmax(logits))
+    g = filtered_logprobs(logits, SamplingConfig(0.0, 10, 0.9))
+    assert g[1] == 0 and np.isinf(g[[0, 2, 3]]).all()
+    assert sample(g, np.random.default_rng(0)) == 1
+
+
+def test_sample_follows_the_distribution():
+    logp = np.array([np.log(0.1), -np.inf, np.log(0.6), np.log(0.3)])
+    rng = np.random.default_rng(1)
+    counts = np.bincount([sample(logp, rng) for _ in range(4000)], minlength=4)
+    assert counts[1] == 0
+    assert np.allclose(counts / 4000, [0.1, 0.0, 0.6, 0.3], atol=0.03)
+
+
+def test_sample_without_replacement_distinct_and_top_n():
+    scores = np.log(np.array([[0.4, 1.0, 0.1], [0.3, 0.15, 0.05]]))
+    scores[0, 1] = -np.inf
+    top = sample_without_replacement(scores, 3, None)
+    assert top.tolist() == [0, 3, 4]  # flat indices, best first; -inf never picked
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        pick = sample_without_replacement(scores, 4, rng)
+        assert len(set(pick.tolist())) == 4 and 1 not in pick.tolist()
+    assert len(sample_without_replacement(scores, 10, rng)) == 5  # only 5 finite candidates
+
+
+def test_first_pick_of_gumbel_top_n_is_a_sample_from_the_weights():
+    p = np.array([0.5, 0.3, 0.2])
+    rng = np.random.default_rng(3)
+    first = np.bincount([sample_without_replacement(np.log(p), 2, rng)[0] for _ in range(4000)], minlength=3)
+    assert np.allclose(first / 4000, p, atol=0.03)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)])
+def test_invalid_sampling_config(kw):
+    with pytest.raises(ValueError):
+        SamplingConfig(**kw)
