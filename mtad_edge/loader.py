@@ -26,6 +26,12 @@ class LoadedPair:
     def __init__(self, target, aux, pair: Pair):
         self.target, self.aux, self.pair = target, aux, pair
 
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """Messages -> prompt text with the template the manifest names (default: the GGUF's)."""
+        spec = (self.pair.manifest.data.get("chat_template") or {}) if self.pair.manifest else {}
+        name = spec.get("name") if spec.get("source") == "builtin" else None
+        return self.target.apply_chat_template(messages, template=name)
+
     def close(self) -> None:
         for m in (self.target, self.aux):
             if m is not None:

@@ -194,11 +194,14 @@ class LlamaCppBackend:
         tmpl = self._lib.llama_model_chat_template(self._model, None)
         return tmpl.decode("utf-8") if tmpl else None
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_assistant: bool = True) -> str:
-        """Render messages with the GGUF's own template via llama.cpp's built-in template engine."""
-        tmpl = self._lib.llama_model_chat_template(self._model, None)
+    def apply_chat_template(self, messages: list[dict[str, str]], template: Optional[str] = None,
+                            add_assistant: bool = True) -> str:
+        """Render messages with llama.cpp's template engine: the GGUF's own template, or
+        ``template`` (a name llama.cpp knows, e.g. "chatml", "gemma", or a template text)."""
+        tmpl = template.encode() if template else self._lib.llama_model_chat_template(self._model, None)
         if not tmpl:
-            raise ModelLoadError(f"{self.path.name} has no chat template in its GGUF metadata")
+            raise ModelLoadError(f"{self.path.name} has no chat template in its GGUF metadata "
+                                 f"(a manifest can name one: \"chat_template\": {{\"source\": \"builtin\", \"name\": ...}})")
         keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
         arr = (self._lib.llama_chat_message * len(keep))()
         for i, (role, content) in enumerate(keep):

@@ -38,7 +38,7 @@ def generate(prompt, pair, target, aux, n_ctx, n_threads, n_gpu_layers, flash_at
         text = prompt
         if chat:
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            text = models.target.apply_chat_template(msgs)
+            text = models.render_chat(msgs)
         gen = Generation(models.target, models.aux, models.target.tokenize(text), cfg)
         stream = TextStream(models.target)
         tokens, pieces = [], []

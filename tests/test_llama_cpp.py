@@ -1,0 +1,159 @@
+"""The llama.cpp backend and the decoders on the real embedded pair (SmolLM2-135M F16 + Q4_0)."""
+import numpy as np
+import pytest
+
+from mtad_edge.loader import ModelOptions, open_pair
+from mtad_edge.pairs import Pair
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens
+from mtad_edge.runtime.errors import IncompatiblePairError, ModelLoadError
+from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+from mtad_edge.runtime.sampling import SamplingConfig
+from mtad_edge.textstream import detokenize
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Explain beam search in one paragraph.", "Write a Python function that reverses a string.",
+           "Tell a short story about a robot who learns to paint.", "Why is the sky blue?"]
+
+
+def chat_ids(model, text):
+    return model.tokenize(model.apply_chat_template([{"role": "user", "content": text}]))
+
+
+@pytest.fixture(scope="module")
+def fresh(smol_files):
+    with LlamaCppBackend(smol_files.target, LlamaCppConfig(n_ctx=256)) as m:
+        yield m
+
+
+def logits_fresh(model, *chunks):
+    """Last-row logits after decoding ``chunks`` one batch each into an emptied sequence 0.
+    Tests compare runs with the same batch shapes: llama.cpp's numerics depend on them."""
+    model.rollback(0, 0)
+    pos = 0
+    for c in chunks:
+        out = model.decode(Batch.run(c, pos))
+        pos += len(c)
+    return np.array(out)[-1]
+
+
+def test_rollback_then_decode_equals_fresh_decode(smol_models, fresh):
+    m = smol_models.target
+    ids = chat_ids(m, "Name a color.")
+    m.rollback(0, 0)
+    m.decode(Batch.run(ids, 0, logits="none"))
+    m.decode(Batch.run([100], len(ids)))
+    m.decode(Batch.run([200, 300, 400], len(ids) + 1))  # a draft, then rejected
+    m.rollback(0, len(ids) + 1)
+    got = np.array(m.decode(Batch.run([555], len(ids) + 1)))[-1]
+    np.testing.assert_allclose(got, logits_fresh(fresh, ids, [100], [555]), rtol=0, atol=1e-5)
+
+
+def test_rollback_falls_back_to_reprefill_when_seq_rm_refuses(smol_files, fresh, monkeypatch):
+    with LlamaCppBackend(smol_files.target, LlamaCppConfig(n_ctx=256)) as m:
+        ids = chat_ids(m, "Name a color.")
+        m.decode(Batch.run(ids + [100, 200], 0, logits="none"))
+        real_rm = m._lib.llama_memory_seq_rm
+        monkeypatch.setattr(m._lib, "llama_memory_seq_rm",
+                            lambda mem, seq, p0, p1: False if p0 > 0 else real_rm(mem, seq, p0, p1))
+        m.rollback(0, len(ids))
+        assert m.rollback_fallbacks == 1
+        got = np.array(m.decode(Batch.run([555], len(ids))))[-1]
+    np.testing.assert_allclose(got, logits_fresh(fresh, ids, [555]), rtol=0, atol=1e-5)
+
+
+def test_beams_in_one_batch_match_single_sequence_decodes(smol_models, smol_files):
+    aux = smol_models.aux
+    ids = chat_ids(aux, "Say hi.")
+    aux.rollback(0, 0)
+    aux.decode(Batch.run(ids, 0, logits="none"))
+    batch = Batch()
+    for s, tok in enumerate([10, 20, 30], start=1):
+        aux.rollback(s, 0)
+        aux.copy_seq(0, s)
+        batch.add(tok, len(ids), (s,), True)
+    got = np.array(aux.decode(batch))
+    with LlamaCppBackend(smol_files.aux, LlamaCppConfig(n_ctx=256)) as ref:
+        for row, tok in zip(got, [10, 20, 30]):  # a 3-row batch vs 1-row: numerics differ slightly
+            np.testing.assert_allclose(row, logits_fresh(ref, ids, [tok]), rtol=0, atol=5e-2)
+            assert row.argmax() == logits_fresh(ref, ids, [tok]).argmax()
+    for s in range(1, 4):
+        aux.rollback(s, 0)
+
+
+def test_greedy_sd_and_mtad_equal_greedy_ar_on_the_real_pair(smol_models):
+    """llama.cpp logits depend on batch size; measured here: 100 % identical (see the issue note)."""
+    t, a = smol_models.target, smol_models.aux
+    greedy = SamplingConfig(temperature=0.0)
+    total = agree = 0
+    for p in PROMPTS:
+        ids = chat_ids(t, p)
+        ar, _ = generate_tokens(t, None, ids, DecodeConfig("ar", 64, sampling=greedy))
+        for method in ("sd", "mtad"):
+            out, st = generate_tokens(t, a, ids, DecodeConfig(method, 64, sampling=greedy))
+            same = next((i for i, (x, y) in enumerate(zip(ar, out)) if x != y), min(len(ar), len(out)))
+            total += len(ar)
+            agree += same
+            assert st.drafted > 0 and 0 < st.acceptance_rate <= 1
+    print(f"greedy sd/mtad vs ar agreement: {agree}/{total} tokens")
+    assert agree == total
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "mtad"])
+def test_sampled_generation_gives_text_and_consistent_stats(smol_models, method):
+    t, a = smol_models.target, smol_models.aux
+    ids = chat_ids(t, "Write two sentences about the ocean.")
+    out, st = generate_tokens(t, a, ids, DecodeConfig(method, 48, seed=3))
+    text = detokenize(t, out)
+    assert len(out) == st.generated > 0 and len(text.strip()) > 0
+    assert all(0 <= x < t.n_vocab for x in out) and not any(t.is_eog(x) for x in out)
+    assert st.accepted <= st.drafted and st.block_efficiency == pytest.approx(len(out) / st.target_calls)
+    if method == "ar":
+        assert st.target_calls == len(out)
+    else:
+        assert st.drafted == 4 * st.target_calls and st.block_efficiency > 1.0
+    again, _ = generate_tokens(t, a, ids, DecodeConfig(method, 48, seed=3))
+    assert again == out  # fixed seed, same tokens
+
+
+def test_compatible_pair_passes_and_incompatible_pair_is_refused(smol_files, gemma_files):
+    cfg = DecodeConfig(method="mtad")
+    with open_pair(smol_files, cfg, ModelOptions(n_ctx=128)) as ok:
+        assert ok.aux is not None
+    with pytest.raises(IncompatiblePairError, match="vocabulary .* differs"):
+        open_pair(Pair(smol_files.target, gemma_files.aux), cfg, ModelOptions(n_ctx=128))
+
+
+def test_gemma_pair_generates(gemma_files):
+    cfg = DecodeConfig("mtad", 24, seed=0)
+    with open_pair(gemma_files, cfg, ModelOptions(n_ctx=256)) as m:
+        prompt = m.render_chat([{"role": "user", "content": "Name three fruits."}])
+        assert prompt.startswith("<start_of_turn>user\n")  # the manifest's built-in template
+        out, st = generate_tokens(m.target, m.aux, m.target.tokenize(prompt), cfg)
+    assert st.generated == len(out) > 0 and st.target_calls > 0
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"", "not a GGUF file"),
+    (b"PK\x03\x04 this is a zip, not a model" * 10, "not a GGUF file"),
+    (b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64, "could not load"),
+])
+def test_corrupt_or_foreign_files_give_a_clear_error(tmp_path, content, needle):
+    f = tmp_path / "bad.gguf"
+    f.write_bytes(content)
+    with pytest.raises(ModelLoadError, match=needle):
+        LlamaCppBackend(f)
+
+
+def test_truncated_gguf_gives_a_clear_error(tmp_path, smol_files):
+    f = tmp_path / "half.gguf"
+    with open(smol_files.aux, "rb") as src:
+        f.write_bytes(src.read(5_000_000))
+    with pytest.raises(ModelLoadError, match="could not load"):
+        LlamaCppBackend(f)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        LlamaCppBackend(tmp_path / "nope.gguf")
