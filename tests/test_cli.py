@@ -1,0 +1,103 @@
+"""The `mtad-edge` CLI through click's CliRunner, and once as a real console-script subprocess."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mtad_edge.cli import cli
+
+STATS_KEYS = {"target_calls", "drafted", "accepted", "acceptance_rate", "block_efficiency", "wall_s",
+              "draft_s", "verify_s", "other_s", "tokens_per_s", "generated", "finish_reason", "seed"}
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gamma", "0"], "--gamma"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--accept-threshold", "0"], "--accept-threshold"),
+    (["--accept-threshold", "1.5"], "--accept-threshold"),
+    (["--beam-width", "0"], "--beam-width"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--method", "beam"], "--method"),
+    (["--top-k", "-2"], "--top-k"),
+])
+def test_invalid_parameters_are_usage_errors(args, needle):
+    r = invoke("generate", "hi", *args)
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+def test_target_without_aux_needs_ar():
+    r = invoke("generate", "hi", "--target", "x.gguf")
+    assert r.exit_code == 2 and "--aux" in r.output
+
+
+def test_unknown_pair_is_a_one_line_error():
+    r = invoke("generate", "hi", "--pair", "no-such-pair")
+    assert r.exit_code == 1 and r.output.startswith("Error: unknown pair")
+
+
+@pytest.mark.slow
+def test_generate_json_is_one_object_with_text_tokens_stats(smol_files):
+    r = CliRunner().invoke(cli, ["generate", "--json", "--method", "mtad", "--max-tokens", "12", "--seed", "1",
+                                 "--chat", "Say something about rivers."])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)  # stdout holds the JSON object and nothing else
+    assert set(out) == {"text", "tokens", "stats"}
+    assert STATS_KEYS <= set(out["stats"]) and out["stats"]["method"] == "mtad"
+    assert len(out["tokens"]) == out["stats"]["generated"] <= 12 and out["text"]
+    assert out["stats"]["seed"] == 1
+
+
+@pytest.mark.slow
+def test_default_command_streams_text_and_prints_stats_to_stderr(smol_files):
+    r = CliRunner().invoke(cli, ["Name a planet.", "--chat", "--method", "sd", "--max-tokens", "8", "--seed", "0"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() and "sd: " in r.stderr and "block efficiency" in r.stderr
+
+
+@pytest.mark.slow
+def test_bad_inputs_are_one_line_errors(tmp_path, smol_files, gemma_files):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model")
+    cases = [
+        (["--target", str(junk), "--aux", str(smol_files.aux)], "not a GGUF file"),
+        (["--target", str(smol_files.target), "--aux", str(gemma_files.aux)], "cannot be paired"),
+        (["--ctx-size", "64", "--max-tokens", "4"], "prompt has"),
+    ]
+    for extra, needle in cases:
+        prompt = "word " * 600 if "--ctx-size" in extra else "hi"  # llama.cpp pads n_ctx to 256
+        r = CliRunner().invoke(cli, ["generate", prompt, *extra])
+        assert r.exit_code == 1, r.output
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error:") and needle in lines[0], r.stderr
+
+
+@pytest.mark.slow
+def test_models_list_and_path(smol_files):
+    r = invoke("models", "list")
+    assert r.exit_code == 0 and "smollm2-135m (default)" in r.output and "gemma3-270m" in r.output
+    r = invoke("models", "path", "smollm2-135m")
+    assert r.exit_code == 0
+    assert r.stdout.splitlines() == [f"target: {smol_files.target}", f"aux: {smol_files.aux}"]
+
+
+@pytest.mark.slow
+def test_console_script_subprocess(smol_files):
+    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
+    assert exe, "the mtad-edge console script is not installed"
+    proc = subprocess.run([exe, "generate", "--json", "--method", "mtad", "--max-tokens", "10", "--seed", "2",
+                           "--temperature", "0", "--chat", "What is 2+2?"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["stats"]["method"] == "mtad" and out["tokens"] and "Traceback" not in proc.stderr
