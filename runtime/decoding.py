@@ -112,7 +112,8 @@ class Generation:
     def __init__(self, target: Backend, aux: Optional[Backend], prompt: list[int], cfg: DecodeConfig):
         if not prompt:
             raise ValueError("the prompt must contain at least one token")
-        room = min(m.n_ctx for m in (target, aux) if m is not None) - cfg.lookahead
+        self.n_ctx = min(m.n_ctx for m in (target, aux) if m is not None)
+        room = self.n_ctx - cfg.lookahead
         if len(prompt) > room:
             raise ContextOverflowError(
                 f"prompt has {len(prompt)} tokens but the context holds {room} "
@@ -123,13 +124,11 @@ class Generation:
         self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(32)
         self.rng = np.random.default_rng(self.seed)
         self.tokens = list(prompt)
-        self.n_prompt = len(prompt)
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
         self.tgt = Cursor(target)
         self.drafter = None
         if cfg.method != "ar":
             self.drafter = BeamDrafter(aux, cfg.sampling, cfg.width, self.rng, keep_rows=cfg.method == "sd")
-        self.n_ctx = room + cfg.lookahead
 
     def __iter__(self) -> Iterator[list[int]]:
         st, cfg = self.stats, self.cfg
