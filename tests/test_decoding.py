@@ -152,3 +152,25 @@ def test_same_seed_same_output(fake_pair):
     b, _ = run(target, aux, "mtad", max_tokens=30, seed=11)
     c, _ = run(target, aux, "mtad", max_tokens=30, seed=12)
     assert a == b and a != c
+
+
+@pytest.mark.parametrize("forced_k", [0, 2, 4])
+def test_mtad_bonus_token_comes_from_target_at_position_k_plus_1(monkeypatch, forced_k):
+    """After k accepted draft tokens, the next token is sampled from p(. | prefix, x_1..x_k):
+    with top-k 2 it must be one of the target's two best there, and for k = 0 its frequencies
+    follow p(. | prompt)."""
+    import mtad_edge.runtime.decoding as decoding
+
+    monkeypatch.setattr(decoding, "mtad_accept_length", lambda lp, lq, thr: forced_k)
+    cfg = SamplingConfig(1.0, 2, 1.0)
+    target, aux = FakeLM(salt=1, sharpness=0.5), FakeLM(salt=2, n_seq_max=9, sharpness=0.5)
+    counts = np.zeros(target.n_vocab)
+    for seed in range(1500 if forced_k == 0 else 200):
+        out, st = run(target, aux, "mtad", max_tokens=forced_k + 1, gamma=4, sampling=cfg, seed=seed)
+        assert st.accept_lengths == [forced_k] and len(out) == forced_k + 1
+        p = np.exp(filtered_logprobs(target.logits_for(PROMPT + out[:forced_k]), cfg))
+        assert p[out[-1]] > 0
+        counts[out[-1]] += 1
+    if forced_k == 0:
+        stat, df = chi2_stat(counts, np.exp(filtered_logprobs(target.logits_for(PROMPT), cfg)))
+        assert stat < chi2_critical(df)
