@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -58,7 +59,7 @@ class _Log:
             msg = text.decode("utf-8", errors="replace")
             if verbose:
                 os.write(2, text)
-            if level >= 4 or "error" in msg.lower() or "failed" in msg.lower():  # 4 = GGML_LOG_LEVEL_ERROR
+            if level == 4 or "error" in msg.lower() or "failed" in msg.lower():  # 4 = GGML_LOG_LEVEL_ERROR
                 if msg.strip():
                     cls.recent.append(msg.strip())
 
@@ -67,8 +68,12 @@ class _Log:
         llama_cpp.llama_backend_init()
 
     @classmethod
-    def last_error(cls) -> str:
-        return cls.recent[-1] if cls.recent else "no reason given by llama.cpp"
+    def reason(cls) -> str:
+        """The first error logged since the last ``clear``, without function-name prefixes:
+        llama.cpp logs the specific cause first and generic 'failed to load' lines after it."""
+        if not cls.recent:
+            return "no reason given by llama.cpp"
+        return re.sub(r"^(\w+: )+(error loading model: )?(\w+: )*", "", cls.recent[0])
 
 
 def quiet_llama_logs() -> None:
@@ -126,11 +131,12 @@ class LlamaCppBackend:
         _check_gguf_file(self.path)
         quiet_llama_logs()
 
+        _Log.recent.clear()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 2**31 - 1
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.last_error()}")
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.reason()}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
 
         threads = config.n_threads or default_threads()
@@ -146,7 +152,7 @@ class LlamaCppBackend:
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
-            raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {_Log.last_error()}")
+            raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {_Log.reason()}")
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = cparams.n_batch
