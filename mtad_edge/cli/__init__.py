@@ -24,11 +24,13 @@ def cli():
 
 
 def _register() -> None:
+    from mtad_edge.cli.bench import bench
     from mtad_edge.cli.generate import generate
     from mtad_edge.cli.models import models
 
     cli.add_command(generate)
     cli.add_command(models)
+    cli.add_command(bench)
 
 
 _register()

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from mtad_edge.cli.options import decode_config, decode_options, errors_as_click, model_options
+from mtad_edge.cli.options import decode_config, decode_options, errors_as_click, model_options, pair_or_manifest
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import resolve
 from mtad_edge.runtime.decoding import Generation
@@ -25,9 +25,10 @@ def _say(msg: str) -> None:
 @click.option("--system", help="System message (with --chat).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, stats} on stdout.")
 @errors_as_click
-def generate(prompt, pair, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, chat, system, as_json, **decode):
+def generate(prompt, pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, chat, system, as_json, **decode):
     """Generate a completion of PROMPT with the target model, drafting with the auxiliary one."""
     cfg = decode_config(**decode)
+    pair = pair_or_manifest(pair, manifest)
     if system and not chat:
         raise click.UsageError("--system needs --chat")
     if (target is None) != (aux is None) and cfg.method != "ar" and not pair:

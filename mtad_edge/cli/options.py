@@ -19,6 +19,7 @@ def _stack(*decorators):
 
 model_options = _stack(
     click.option("--pair", "pair", metavar="NAME|MANIFEST", help="Named pair (see `mtad-edge models list`) or a manifest.json. Default: smollm2-135m."),
+    click.option("--manifest", type=click.Path(exists=True), help="A pair's manifest.json (same as --pair PATH)."),
     click.option("--target", type=click.Path(dir_okay=False), help="Target GGUF file (instead of --pair)."),
     click.option("--aux", type=click.Path(dir_okay=False), help="Auxiliary (draft) GGUF file (with --target)."),
     click.option("--ctx-size", "n_ctx", type=click.IntRange(min=32), help="Context size in tokens (default: the pair's, else 2048)."),
@@ -27,8 +28,10 @@ model_options = _stack(
     click.option("--flash-attn/--no-flash-attn", default=None, help="Force flash attention on or off (default: llama.cpp decides)."),
 )
 
-decode_options = _stack(
-    click.option("--method", type=click.Choice(METHODS), default="mtad", show_default=True, help="ar: target only; sd: lossless speculative sampling; mtad: multi-token assisted decoding."),
+method_option = click.option("--method", type=click.Choice(METHODS), default="mtad", show_default=True,
+                             help="ar: target only; sd: lossless speculative sampling; mtad: multi-token assisted decoding.")
+
+sampling_options = _stack(
     click.option("--gamma", type=click.IntRange(min=1, max=64), default=4, show_default=True, help="Draft length."),
     click.option("--beam-width", type=click.IntRange(min=1, max=64), default=4, show_default=True, help="MTAD beam width w."),
     click.option("--accept-threshold", type=click.FloatRange(0, 1, min_open=True), default=0.5, show_default=True, help="MTAD: accept the longest prefix with p(x)/q(x) above this."),
@@ -40,10 +43,20 @@ decode_options = _stack(
 )
 
 
+def decode_options(f):
+    return method_option(sampling_options(f))
+
+
 def decode_config(method, gamma, beam_width, accept_threshold, temperature, top_k, top_p, seed, max_tokens) -> DecodeConfig:
     return DecodeConfig(method=method, max_tokens=max_tokens, gamma=gamma, beam_width=beam_width,
                         accept_threshold=accept_threshold, seed=seed,
                         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p))
+
+
+def pair_or_manifest(pair, manifest):
+    if pair and manifest:
+        raise click.UsageError("give --pair or --manifest, not both")
+    return pair or manifest
 
 
 def errors_as_click(f):

@@ -1,0 +1,127 @@
+"""`mtad-edge bench`: every method on a prompt set, with JSON, a Markdown report and plots."""
+from __future__ import annotations
+
+import datetime
+import platform
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from mtad_edge.bench import native, report
+from mtad_edge.bench.run import BenchConfig, aggregate, load_prompts, ratios, render, run_bench
+from mtad_edge.cli.options import decode_config, errors_as_click, model_options, pair_or_manifest, sampling_options
+from mtad_edge.loader import ModelOptions, open_pair
+from mtad_edge.pairs import resolve
+from mtad_edge.runtime.decoding import METHODS
+from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.llama_cpp_backend import default_threads
+
+
+def _methods(value: str) -> tuple[str, ...]:
+    names = tuple(m.strip() for m in value.split(",") if m.strip())
+    for m in names:
+        if m == "mmtad":
+            raise click.BadParameter("mmtad (tree verification) is not available in this version", param_hint="--methods")
+        if m not in METHODS:
+            raise click.BadParameter(f"unknown method {m!r} (choose from {', '.join(METHODS)})", param_hint="--methods")
+    if not names:
+        raise click.BadParameter("no methods given", param_hint="--methods")
+    return names
+
+
+def _floats(value: str):
+    return [float(v) for v in value.split(",") if v.strip()]
+
+
+def _ints(value: str):
+    return [int(v) for v in value.split(",") if v.strip()]
+
+
+def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
+    """One parameter at a time around the base settings (plus the base itself)."""
+    base_point = dict(accept_threshold=base.accept_threshold, gamma=base.gamma, beam_width=base.beam_width)
+    points = [base_point]
+    for key, values in (("accept_threshold", thresholds), ("gamma", gammas), ("beam_width", widths)):
+        points += [{**base_point, key: v} for v in values if v != base_point[key]]
+    return points
+
+
+@click.command()
+@model_options
+@sampling_options
+@click.option("--methods", default="ar,sd,mtad", show_default=True, help="Comma-separated methods to compare.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="JSONL with 'prompt' or 'messages' per line (default: a built-in set).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
+@click.option("--llama-cpp-bin", type=click.Path(file_okay=False, exists=True), help="Folder with llama.cpp's llama-bench and llama-speculative-simple for the native column.")
+@click.option("--sweep", is_flag=True, help="Also sweep MTAD's threshold, gamma and beam width; writes sweep.png.")
+@click.option("--sweep-thresholds", default="0.1,0.3,0.5,0.7,0.9", show_default=True)
+@click.option("--sweep-gammas", default="2,4,6", show_default=True)
+@click.option("--sweep-widths", default="1,2,4,8", show_default=True)
+@errors_as_click
+def bench(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, methods, prompts_file, repeats,
+          out_dir, llama_cpp_bin, sweep, sweep_thresholds, sweep_gammas, sweep_widths, **sampling):
+    """Measure speed, acceptance, perplexity and energy of each method on the same pair and prompts."""
+    methods = _methods(methods)
+    base = decode_config(method="mtad", **{**sampling, "seed": sampling["seed"] or 0})  # reproducible by default
+    cfg = BenchConfig(methods=methods, repeats=repeats, decode=base)
+    points = sweep_settings(base, _floats(sweep_thresholds), _ints(sweep_gammas), _ints(sweep_widths)) if sweep else []
+    prompts = load_prompts(prompts_file)
+    paths = resolve(pair_or_manifest(pair, manifest), target, aux, say=lambda s: click.echo(s, err=True))
+    threads = n_threads or default_threads()
+    sizing = replace(base, method="mtad" if set(methods) != {"ar"} or points else "ar",  # room for every setting
+                     gamma=max([base.gamma] + [p["gamma"] for p in points]),
+                     beam_width=max([base.beam_width] + [p["beam_width"] for p in points]))
+    opts = ModelOptions(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    total = repeats * len(prompts) * len(methods) + len(points) * len(prompts)
+    with open_pair(paths, sizing, opts) as models, \
+            click.progressbar(length=total, label="bench", file=sys.stderr) as bar:
+        rows = run_bench(models, prompts, cfg, bar.update)
+        sweep_rows = []
+        for p in points:
+            one = BenchConfig(methods=("mtad",), repeats=1, decode=replace(base, **p))
+            agg = aggregate(run_bench(models, prompts, one, bar.update))["mtad"]
+            sweep_rows.append({**p, **{k: agg[k] for k in ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl")}})
+        rendered = [render(models, item) for item in prompts]
+    agg = aggregate(rows)
+    results = {
+        "schema": 1, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "pair": {"name": paths.manifest.name if paths.manifest else Path(paths.target).stem,
+                 "target": str(paths.target), "aux": str(paths.aux) if paths.aux else None},
+        "config": {"methods": list(methods), "prompts": len(prompts), "repeats": repeats, "max_tokens": base.max_tokens,
+                   "temperature": base.sampling.temperature, "top_k": base.sampling.top_k, "top_p": base.sampling.top_p,
+                   "gamma": base.gamma, "beam_width": base.beam_width, "accept_threshold": base.accept_threshold,
+                   "seed": base.seed, "threads": threads, "prompts_file": prompts_file or "built-in"},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_threads_used": threads},
+        "methods": agg, "ratios": ratios(agg),
+        "native": _native(llama_cpp_bin, paths, rendered, base, threads) if llama_cpp_bin else None,
+        "sweep": sweep_rows or None, "runs": rows,
+    }
+    report.write_json(out, results)
+    md = report.report_markdown(results)
+    (out / "report.md").write_text(md)
+    png = report.plot_bench(out, results)
+    if sweep_rows:
+        report.plot_sweep(out, sweep_rows)
+    click.echo(md)
+    click.echo(f"wrote {out / 'results.json'}, {out / 'report.md'}" + (f", {png}" if png else
+               " (install matplotlib, e.g. mtad-edge[bench], for bench.png)"), err=True)
+
+
+def _native(bin_dir, paths, rendered, base, threads) -> dict:
+    """llama-bench (AR, target alone) and llama-speculative-simple (greedy, same gamma) per prompt."""
+    if paths.aux is None:
+        raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
+    res = {"llama-bench tg target": native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads)}
+    runs = [native.speculative_simple(Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens,
+                                      threads, base.gamma) for text in rendered]
+    gen, sec = sum(r["generated"] for r in runs), sum(r["decode_s"] for r in runs)
+    drafted, acc = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
+    res[f"speculative-simple temp 0, draft {base.gamma}"] = {
+        "tool": "llama-speculative-simple", "tokens_per_s": gen / sec if sec else None,
+        "acceptance_rate": acc / drafted if drafted else None, "generated": gen, "runs": runs}
+    return res

@@ -1,0 +1,1 @@
+"""Data files shipped with mtad-edge (the default benchmark prompts)."""

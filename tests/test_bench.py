@@ -1,0 +1,144 @@
+"""`mtad-edge bench`: scoring, aggregation and the files it writes, on tiny real runs."""
+import json
+import stat
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import FakeLM
+from mtad_edge.bench.energy import EnergyMeter
+from mtad_edge.bench.native import llama_bench, speculative_simple
+from mtad_edge.bench.score import perplexity, token_logprobs
+from mtad_edge.cli import cli
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.sampling import log_softmax
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_token_logprobs_on_fake_model_equal_the_definition():
+    lm = FakeLM(vocab=7, salt=9)
+    prompt, gen = [1, 2, 3], [4, 0, 6, 6, 2]
+    got = token_logprobs(lm, prompt, gen)
+    want = [log_softmax(lm.logits_for(prompt + gen[:i]))[g] for i, g in enumerate(gen)]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    assert perplexity(got) == pytest.approx(np.exp(-np.mean(want)))
+    assert lm.seqs[0] == []  # scoring leaves the cache empty
+
+
+@pytest.mark.slow
+def test_token_logprobs_on_real_target_match_token_by_token_scoring(smol_models):
+    t = smol_models.target
+    prompt = t.tokenize("The capital of France is")
+    gen = t.tokenize(" Paris, and it is known for the Eiffel Tower.", add_special=False)
+    got = token_logprobs(t, prompt, gen)
+    t.rollback(0, 0)
+    t.decode(Batch.run(prompt[:-1], 0, logits="none"))
+    want, ctx = [], list(prompt)
+    for g in gen:  # one token per call: different kernels than the batched pass, same values
+        row = np.array(t.decode(Batch.run(ctx[-1:], len(ctx) - 1)))[-1]
+        want.append(log_softmax(row)[g])
+        ctx.append(g)
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.05)
+    assert perplexity(got) == pytest.approx(float(np.exp(-np.mean(want))), rel=0.02)
+
+
+def _prompts(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": "raw", "prompt": "The three primary colors are"}\n\n'
+                 '{"messages": [{"role": "user", "content": "Name a fruit."}]}\n')
+    return f
+
+
+@pytest.mark.slow
+def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["bench", "--prompts", str(_prompts(tmp_path)), "--max-tokens", "8", "--repeats", "2",
+                                 "--out", str(out), "--sweep", "--sweep-thresholds", "0.3", "--sweep-gammas", "2",
+                                 "--sweep-widths", "2"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["methods"]) == ["ar", "sd", "mtad"]
+    for m, agg in res["methods"].items():
+        for key in ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl", "cpu_s_per_token",
+                    "j_per_token", "peak_rss_mb"):
+            assert key in agg
+        assert agg["tokens_per_s_min"] <= agg["tokens_per_s"] <= agg["tokens_per_s_max"]
+        assert agg["ppl"] >= 1 and agg["cpu_s_per_token"] > 0 and agg["peak_rss_mb"] > 0
+        assert agg["j_per_token"] is None if not EnergyMeter().available else agg["j_per_token"] > 0
+        assert agg["block_efficiency"] == pytest.approx(agg["generated"] / agg["target_calls"])
+    assert res["methods"]["ar"]["acceptance_rate"] is None and res["methods"]["ar"]["block_efficiency"] == 1
+    assert res["ratios"]["vs_ar"]["ar"]["tokens_per_s"] == 1 and "vs_sd" in res["ratios"]
+    runs = res["runs"]
+    assert len(runs) == 2 * 2 * 3 and {r["prompt_id"] for r in runs} == {"raw", "p2"}
+    for run in runs:
+        assert run["accepted"] <= run["drafted"] and run["generated"] == len(run["tokens"]) <= 8
+        assert run["block_efficiency"] == pytest.approx(run["generated"] / run["target_calls"])
+        assert sum(run["accept_lengths"]) == run["accepted"]
+    seeds = {(r["repeat"], r["prompt_id"]): set() for r in runs}
+    for run in runs:
+        seeds[(run["repeat"], run["prompt_id"])].add(run["seed"])
+    assert all(len(s) == 1 for s in seeds.values())  # methods share a seed within a repeat
+    assert len(res["sweep"]) == 4 and {s["beam_width"] for s in res["sweep"]} == {4, 2}
+    md = (out / "report.md").read_text()
+    assert "| mtad |" in md and "MTAD sweep" in md
+    for png in ("bench.png", "sweep.png"):
+        data = (out / png).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+        import matplotlib.pyplot as plt
+        assert plt.imread(out / png).ndim == 3
+
+
+@pytest.mark.parametrize("content,needle", [("{oops\n", "line 1: not JSON"), ('{"text": "x"}\n', "needs a 'prompt'"), ("\n", "no prompts")])
+def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(content)
+    r = CliRunner().invoke(cli, ["bench", "--prompts", str(f), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("methods", ["mmtad", "ar,nope", ","])
+def test_bad_methods_are_usage_errors(methods):
+    r = CliRunner().invoke(cli, ["bench", "--methods", methods])
+    assert r.exit_code == 2 and "--methods" in r.output
+
+
+def _fake_tool(folder, name, stdout="", stderr=""):
+    """Stand-ins that print what llama.cpp's tools print, to test the parsing and plumbing."""
+    path = folder / name
+    path.write_text(f"#!/bin/sh\ncat <<'OUT'\n{stdout}\nOUT\ncat >&2 <<'ERR'\n{stderr}\nERR\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_native_tool_output_is_parsed(tmp_path):
+    _fake_tool(tmp_path, "llama-bench", stdout=json.dumps([{"avg_ts": 140.5, "stddev_ts": 0.5, "n_gen": 128}]))
+    _fake_tool(tmp_path, "llama-speculative-simple", stderr=(
+        "main: some log\nencoded   19 tokens in    0.039 seconds, speed:  483.239 t/s\n"
+        "decoded  261 tokens in    3.538 seconds, speed:   73.775 t/s\n"
+        "n_draft   = 4\nn_predict = 261\nn_drafted = 327\nn_accept  = 179\naccept    = 54.740%"))
+    b = llama_bench(tmp_path, tmp_path / "t.gguf", 128, 2)
+    assert b["tokens_per_s"] == 140.5
+    s = speculative_simple(tmp_path, tmp_path / "t.gguf", tmp_path / "d.gguf", "hi", 256, 2, 4)
+    assert (s["generated"], s["tokens_per_s"], s["drafted"], s["accepted"]) == (261, 73.775, 327, 179)
+    assert s["acceptance_rate"] == pytest.approx(179 / 327)
+
+
+@pytest.mark.slow
+def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_tool(bin_dir, "llama-bench", stdout=json.dumps([{"avg_ts": 140.5, "stddev_ts": 0.5}]))
+    _fake_tool(bin_dir, "llama-speculative-simple", stderr="decoded  8 tokens in    0.100 seconds, speed:   80.000 t/s\n"
+                                                           "n_drafted = 8\nn_accept  = 6")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Hello"}\n')
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["bench", "--methods", "ar", "--prompts", str(prompts), "--max-tokens", "4",
+                                 "--out", str(out), "--llama-cpp-bin", str(bin_dir)])
+    assert r.exit_code == 0, r.output
+    native = json.loads((out / "results.json").read_text())["native"]
+    assert native["llama-bench tg target"]["tokens_per_s"] == 140.5
+    spec = native["speculative-simple temp 0, draft 4"]
+    assert spec["tokens_per_s"] == pytest.approx(80.0) and spec["acceptance_rate"] == pytest.approx(0.75)
+    assert "Native llama.cpp" in (out / "report.md").read_text()
