@@ -62,7 +62,9 @@ def open_pair(pair: Pair, cfg: DecodeConfig, opts: ModelOptions = ModelOptions()
         raise MtadEdgeError(f"method {cfg.method} needs an auxiliary model: give --aux (or use --method ar)")
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
     common = dict(n_threads=opts.n_threads, n_gpu_layers=_gpu_layers(opts.n_gpu_layers), flash_attn=opts.flash_attn)
-    target = LlamaCppBackend(pair.target, LlamaCppConfig(n_ctx=n_ctx, **common))
+    tree = cfg.method == "mmtad"  # the target then verifies w beams as w sequences at once
+    target = LlamaCppBackend(pair.target, LlamaCppConfig(
+        n_ctx=n_ctx + (cfg.lookahead - cfg.gamma - 1 if tree else 0), n_seq_max=cfg.width + 1 if tree else 1, **common))
     if cfg.method == "ar":
         return LoadedPair(target, None, pair)
     slots = beam_slots(cfg.width)

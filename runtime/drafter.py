@@ -22,10 +22,12 @@ from .sampling import SamplingConfig, filtered_logprobs, sample_without_replacem
 
 @dataclass
 class Draft:
-    tokens: np.ndarray  # (gamma,) the chosen beam x_1..x_gamma
-    logq_x: np.ndarray  # (gamma,) log q_d(x_d) along it
+    tokens: np.ndarray  # (gamma,) the best beam x*_1..x*_gamma
+    logq_x: np.ndarray  # (gamma,) log q_d(x*_d) along it
     q_rows: Optional[np.ndarray] = None  # (gamma, V) log q_d along it, when kept (lossless SD)
-    n_beams: int = 1  # beams alive at the end
+    beams: Optional[np.ndarray] = None  # (n, gamma) every final beam (MMTAD's tree)
+    beams_logq: Optional[np.ndarray] = None  # (n, gamma) per-token log q along each
+    best: int = 0  # index of the best beam in ``beams``
 
 
 class Cursor:
@@ -72,8 +74,8 @@ class BeamDrafter:
         self.greedy = sampling.greedy
         self.score_cfg = SamplingConfig(1.0, sampling.top_k, sampling.top_p) if self.greedy else sampling
         self.cursor = Cursor(aux)
-        self._best_seq = 0  # sequence holding the chosen beam after propose
-        self._cached = 0  # drafted tokens that sequence holds in its cache
+        self._seqs, self._best = [0], 0  # after propose: each final beam's sequence, the best one
+        self._cached = 0  # drafted tokens those sequences hold in their cache
 
     def _logq(self, logits: np.ndarray) -> np.ndarray:
         return filtered_logprobs(logits, self.score_cfg)
@@ -110,26 +112,28 @@ class BeamDrafter:
             logq = self._logq(self.aux.decode(batch))
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
-        self._best_seq, self._cached = seqs[best], gamma - 1  # holds x_1..x_{gamma-1}
-        return Draft(beam_tok[best], beam_logq[best], None if beam_rows is None else beam_rows[best], len(score))
+        self._seqs, self._best, self._cached = seqs, best, gamma - 1  # each holds x_1..x_{gamma-1}
+        return Draft(beam_tok[best], beam_logq[best], None if beam_rows is None else beam_rows[best],
+                     beam_tok, beam_logq, best)
 
-    def commit(self, tokens: list[int], k: int) -> None:
-        """``tokens`` (committed) now end with x_1..x_k of the last draft and the target's bonus.
-        Sequence 0 adopts the cached part of x_1..x_k from the chosen beam; beams are dropped."""
+    def commit(self, tokens: list[int], k: int, beam: Optional[int] = None) -> None:
+        """``tokens`` (committed) now end with x_1..x_k of the last draft's ``beam`` (default: the
+        best) and the target's bonus. Sequence 0 adopts the cached part of x_1..x_k from that
+        beam's sequence; all beams are dropped."""
         base = len(tokens) - k - 1
-        m = min(k, self._cached)  # the chosen beam's cache holds x_1..x_{gamma-1}
+        m = min(k, self._cached)  # a beam's cache holds x_1..x_{gamma-1}
         if m:
-            self.aux.copy_seq(self._best_seq, 0, base, base + m)
+            self.aux.copy_seq(self._seqs[self._best if beam is None else beam], 0, base, base + m)
         self._drop_beams()
         self.cursor.n_kv = base + m
 
-    def reset(self) -> None:
-        """Forget everything: empty cache, no beams."""
+    def reset(self, keep: int = 0) -> None:
+        """No beams; sequence 0 keeps its first ``keep`` committed tokens."""
         self._drop_beams()
-        self.aux.rollback(0, 0)
-        self.cursor.n_kv = 0
+        self.aux.rollback(0, keep)
+        self.cursor.n_kv = keep
 
     def _drop_beams(self) -> None:
         for s in range(1, beam_slots(self.width)):  # both banks; empty ones cost nothing
             self.aux.rollback(s, 0)
-        self._best_seq, self._cached = 0, 0
+        self._seqs, self._best, self._cached = [0], 0, 0

@@ -24,6 +24,7 @@ class FakeLM:
         self.sharpness, self.eog = sharpness, eog
         self.seqs: dict[int, list[int]] = {}
         self.calls = 0
+        self.evaluated = 0  # tokens evaluated, for prefix-reuse checks
 
     def logits_for(self, context: list[int]) -> np.ndarray:
         seed = hash((self.salt, *context)) % 2**32
@@ -43,6 +44,7 @@ class FakeLM:
 
     def decode(self, batch: Batch) -> np.ndarray:
         self.calls += 1
+        self.evaluated += len(batch)
         rows = []
         for tok, pos, seq_ids, want in zip(batch.tokens, batch.pos, batch.seq_ids, batch.logits):
             assert pos < self.n_ctx, "KV cache overflow"
@@ -83,8 +85,9 @@ def chi2_stat(observed: np.ndarray, expected_p: np.ndarray) -> tuple[float, int]
 
 @pytest.fixture
 def fake_pair():
-    """Target and a different draft model over the same 5-token vocabulary."""
-    return FakeLM(salt=1), FakeLM(salt=2, n_seq_max=9)
+    """Target (5 sequences: room for mmtad's 4 beams) and a different draft model over the
+    same 5-token vocabulary."""
+    return FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9)
 
 
 # -- the real embedded pair (slow: llama.cpp) --------------------------------------------------
@@ -104,10 +107,33 @@ def gemma_files():
 
 @pytest.fixture(scope="session")
 def smol_models(smol_files):
-    """F16 target and Q4_0 aux with room for beam width 4, gamma 4."""
+    """F16 target and Q4_0 aux with room for beam width 4, gamma 4, and mmtad's tree."""
     from mtad_edge.loader import ModelOptions, open_pair
     from mtad_edge.runtime.decoding import DecodeConfig
 
-    with open_pair(smol_files, DecodeConfig(method="mtad"), ModelOptions(n_ctx=512)) as models:
+    with open_pair(smol_files, DecodeConfig(method="mmtad"), ModelOptions(n_ctx=512)) as models:
         yield models
 
+
+
+def record_trees(monkeypatch):
+    """Capture the beams of every tree MMTAD verifies, in order."""
+    import mtad_edge.runtime.decoding as decoding
+
+    seen = []
+    real = decoding.TokenTree.from_beams
+
+    def spy(beams):
+        seen.append(np.array(beams))
+        return real(beams)
+
+    monkeypatch.setattr(decoding.TokenTree, "from_beams", staticmethod(spy))
+    return seen
+
+
+def assert_blocks_follow_trees(blocks, trees, accept_lengths):
+    """Each committed block is k tokens along one drafted beam, then the bonus token."""
+    assert len(blocks) == len(trees) == len(accept_lengths)
+    for block, beams, k in zip(blocks, trees, accept_lengths):
+        assert len(block) == k + 1
+        assert k == 0 or any(list(b[:k]) == block[:k] for b in beams.tolist()), (block, beams)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import FakeLM, chi2_critical, chi2_stat
+from conftest import FakeLM, assert_blocks_follow_trees, chi2_critical, chi2_stat, record_trees
 from mtad_edge.runtime.decoding import DecodeConfig, Generation, generate_tokens
 from mtad_edge.runtime.drafter import BeamDrafter
 from mtad_edge.runtime.errors import ContextOverflowError
@@ -19,7 +19,7 @@ def run(target, aux, method, **kw):
 def test_greedy_sd_and_mtad_equal_greedy_ar(fake_pair):
     target, aux = fake_pair
     ar, _ = run(target, None, "ar", max_tokens=40, sampling=GREEDY)
-    for method in ("sd", "mtad"):
+    for method in ("sd", "mtad", "mmtad"):
         for gamma in (1, 3, 5):
             out, st = run(target, aux, method, max_tokens=40, gamma=gamma, sampling=GREEDY)
             assert out == ar, (method, gamma)
@@ -106,7 +106,7 @@ def test_greedy_beam_draft_is_the_top_joint_sequence():
     assert d.tokens.tolist() == best
 
 
-@pytest.mark.parametrize("method", ["ar", "sd", "mtad"])
+@pytest.mark.parametrize("method", ["ar", "sd", "mtad", "mmtad"])
 def test_stats_are_consistent_with_tokens(fake_pair, method):
     target, aux = fake_pair
     out, st = run(target, aux, method, max_tokens=37, seed=1)
@@ -174,3 +174,26 @@ def test_mtad_bonus_token_comes_from_target_at_position_k_plus_1(monkeypatch, fo
     if forced_k == 0:
         stat, df = chi2_stat(counts, np.exp(filtered_logprobs(target.logits_for(PROMPT), cfg)))
         assert stat < chi2_critical(df)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(1.0, 10, 0.9), SamplingConfig(0.0)])
+def test_mmtad_commits_a_path_of_the_drafted_tree(fake_pair, monkeypatch, sampling):
+    target, aux = fake_pair
+    trees = record_trees(monkeypatch)
+    gen = Generation(target, aux, PROMPT, DecodeConfig("mmtad", 200, sampling=sampling, seed=4))
+    blocks = list(gen)
+    assert_blocks_follow_trees(blocks[:-1], trees[:-1], gen.stats.accept_lengths[:-1])
+    assert all(not target.seqs.get(s) for s in range(1, 5))  # only sequence 0 keeps cells
+
+
+def test_mmtad_accepts_more_than_mtad_with_the_same_beams():
+    """MMTAD accepts from any beam, MTAD only from the best one: over a long seeded run MMTAD
+    accepts a larger share of drafted tokens."""
+    target, aux = FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9)
+    acc = {m: run(target, aux, m, max_tokens=300, seed=0)[1].acceptance_rate for m in ("mtad", "mmtad")}
+    assert acc["mmtad"] > acc["mtad"]
+
+
+def test_mmtad_needs_target_sequences_for_its_beams():
+    with pytest.raises(ValueError, match="needs a target context with 5 sequences"):
+        Generation(FakeLM(salt=1), FakeLM(salt=2, n_seq_max=9), PROMPT, DecodeConfig("mmtad"))

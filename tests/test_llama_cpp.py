@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 
+from conftest import assert_blocks_follow_trees, record_trees
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens
+from mtad_edge.runtime.decoding import DecodeConfig, Generation, generate_tokens
 from mtad_edge.runtime.errors import IncompatiblePairError, ModelLoadError
 from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 from mtad_edge.runtime.sampling import SamplingConfig
@@ -83,14 +84,14 @@ def test_beams_in_one_batch_match_single_sequence_decodes(smol_models, smol_file
 
 
 def test_greedy_sd_and_mtad_equal_greedy_ar_on_the_real_pair(smol_models):
-    """llama.cpp logits depend on batch size; measured here: 100 % identical (see the issue note)."""
+    """llama.cpp logits depend on batch shape; measured here: 100 % identical (see the issue note)."""
     t, a = smol_models.target, smol_models.aux
     greedy = SamplingConfig(temperature=0.0)
     total = agree = 0
     for p in PROMPTS:
         ids = chat_ids(t, p)
         ar, _ = generate_tokens(t, None, ids, DecodeConfig("ar", 64, sampling=greedy))
-        for method in ("sd", "mtad"):
+        for method in ("sd", "mtad", "mmtad"):
             out, st = generate_tokens(t, a, ids, DecodeConfig(method, 64, sampling=greedy))
             same = next((i for i, (x, y) in enumerate(zip(ar, out)) if x != y), min(len(ar), len(out)))
             total += len(ar)
@@ -100,7 +101,7 @@ def test_greedy_sd_and_mtad_equal_greedy_ar_on_the_real_pair(smol_models):
     assert agree == total
 
 
-@pytest.mark.parametrize("method", ["ar", "sd", "mtad"])
+@pytest.mark.parametrize("method", ["ar", "sd", "mtad", "mmtad"])
 def test_sampled_generation_gives_text_and_consistent_stats(smol_models, method):
     t, a = smol_models.target, smol_models.aux
     ids = chat_ids(t, "Write two sentences about the ocean.")
@@ -115,6 +116,20 @@ def test_sampled_generation_gives_text_and_consistent_stats(smol_models, method)
         assert st.drafted == 4 * st.target_calls and st.block_efficiency > 1.0
     again, _ = generate_tokens(t, a, ids, DecodeConfig(method, 48, seed=3))
     assert again == out  # fixed seed, same tokens
+
+
+def test_mmtad_on_the_real_pair_commits_paths_of_the_drafted_tree(smol_models, monkeypatch):
+    t, a = smol_models.target, smol_models.aux
+    trees = record_trees(monkeypatch)
+    gen = Generation(t, a, chat_ids(t, "Describe a sunset in three sentences."), DecodeConfig("mmtad", 96, seed=7))
+    blocks = list(gen)
+    st = gen.stats
+    assert st.finish_reason in ("length", "stop") and st.generated == sum(map(len, blocks)) > 0
+    n = len(blocks) - 1  # the last block may be cut by max_tokens or end-of-generation
+    assert_blocks_follow_trees(blocks[:n], trees[:n], st.accept_lengths[:n])
+    assert any(len(tr) > 1 and len({tuple(b) for b in tr.tolist()}) > 1 for tr in trees)  # real trees, not one path
+    assert st.accepted <= st.drafted == 4 * st.target_calls
+    assert st.block_efficiency == pytest.approx(st.generated / st.target_calls)
 
 
 def test_compatible_pair_passes_and_incompatible_pair_is_refused(smol_files, gemma_files):

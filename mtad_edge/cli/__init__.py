@@ -27,10 +27,12 @@ def _register() -> None:
     from mtad_edge.cli.bench import bench
     from mtad_edge.cli.generate import generate
     from mtad_edge.cli.models import models
+    from mtad_edge.cli.serve import serve
 
     cli.add_command(generate)
     cli.add_command(models)
     cli.add_command(bench)
+    cli.add_command(serve)
 
 
 _register()

@@ -22,8 +22,6 @@ from mtad_edge.runtime.llama_cpp_backend import default_threads
 def _methods(value: str) -> tuple[str, ...]:
     names = tuple(m.strip() for m in value.split(",") if m.strip())
     for m in names:
-        if m == "mmtad":
-            raise click.BadParameter("mmtad (tree verification) is not available in this version", param_hint="--methods")
         if m not in METHODS:
             raise click.BadParameter(f"unknown method {m!r} (choose from {', '.join(METHODS)})", param_hint="--methods")
     if not names:
@@ -71,7 +69,8 @@ def bench(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_att
     prompts = load_prompts(prompts_file)
     paths = resolve(pair_or_manifest(pair, manifest), target, aux, say=lambda s: click.echo(s, err=True))
     threads = n_threads or default_threads()
-    sizing = replace(base, method="mtad" if set(methods) != {"ar"} or points else "ar",  # room for every setting
+    drafting = "mmtad" if "mmtad" in methods else ("mtad" if set(methods) != {"ar"} or points else "ar")
+    sizing = replace(base, method=drafting,  # room for every setting
                      gamma=max([base.gamma] + [p["gamma"] for p in points]),
                      beam_width=max([base.beam_width] + [p["beam_width"] for p in points]))
     opts = ModelOptions(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)

@@ -1,0 +1,81 @@
+"""MMTAD: the draft beams as a token tree, and the tree acceptance rule (pure numpy).
+
+Notation: beams b = 1..n of length gamma, x_{b,d} their tokens; p = target, q = draft, both
+filtered. The tree merges equal prefixes, so one target pass evaluates every distinct node once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class TokenTree:
+    """Trie of beams. Node i (0-based) has ``token[i]``, ``depth[i]`` (1..gamma), ``parent[i]``
+    (-1 = the root, i.e. the last committed token) and ``beams[i]`` (beam ids through it).
+    ``node_of[b, d-1]`` is beam b's node at depth d. Nodes are in breadth-first order."""
+
+    token: list[int]
+    depth: list[int]
+    parent: list[int]
+    beams: list[tuple[int, ...]]
+    node_of: np.ndarray
+
+    @classmethod
+    def from_beams(cls, beams: np.ndarray) -> "TokenTree":
+        n, gamma = beams.shape
+        index: dict[tuple[int, ...], int] = {}
+        token, depth, parent, members = [], [], [], []
+        node_of = np.zeros((n, gamma), dtype=np.int64)
+        for d in range(gamma):
+            for b in range(n):
+                key = tuple(int(t) for t in beams[b, : d + 1])
+                if key not in index:
+                    index[key] = len(token)
+                    token.append(key[-1])
+                    depth.append(d + 1)
+                    parent.append(index[key[:-1]] if d else -1)
+                    members.append([])
+                members[index[key]].append(b)
+                node_of[b, d] = index[key]
+        return cls(token, depth, parent, [tuple(m) for m in members], node_of)
+
+    def __len__(self) -> int:
+        return len(self.token)
+
+    def parent_rows(self) -> np.ndarray:
+        """(n, gamma): the logits row predicting x_{b,d}, when row 0 is the root and row
+        1 + i is node i."""
+        par = np.array(self.parent)[self.node_of]  # parent node of each (beam, depth)
+        return par + 1  # the root (-1) maps to row 0
+
+
+def mmtad_accept(cum_logp: np.ndarray, cum_logq_best: np.ndarray, threshold: float) -> tuple[int, int]:
+    """Tree acceptance of MMTAD (the paper's TreeMTADStrategy_v2).
+
+    At depth d, beam b passes when  log p(x_{b,1..d}) - log q(x*_{1..d}) > log(threshold),
+    with q taken along the best draft beam x*. The deepest depth with a passing beam wins,
+    and among the beams passing there the one with the highest log p(x_{b,1..d}).
+
+    cum_logp: (n, gamma) cumulative target log-probs along each beam; cum_logq_best: (gamma,).
+    Returns (k, b): k accepted tokens (0 when nothing passes) of beam b (0 when k is 0).
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    with np.errstate(invalid="ignore"):
+        ok = (cum_logp - cum_logq_best[None, :]) > np.log(threshold)
+    depths = np.flatnonzero(ok.any(axis=0))
+    if not len(depths):
+        return 0, 0
+    d = int(depths[-1])
+    passing = np.flatnonzero(ok[:, d])
+    return d + 1, int(passing[np.argmax(cum_logp[passing, d])])
+
+
+def greedy_tree_accept(beams: np.ndarray, argmax_along: np.ndarray) -> tuple[int, int]:
+    """Temperature 0: the beam whose leading run of tokens equal to the target's argmax (along
+    its own path) is longest; ties go to the lowest beam id. ``argmax_along``: (n, gamma)."""
+    match = np.cumprod(np.asarray(beams) == np.asarray(argmax_along), axis=1).sum(axis=1)
+    b = int(np.argmax(match))
+    return int(match[b]), b

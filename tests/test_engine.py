@@ -1,0 +1,156 @@
+"""The embeddable API: Engine / Response, on the fake backend and on the real pair."""
+import threading
+import time
+
+import pytest
+
+from conftest import FakeLM
+from mtad_edge.engine import Engine, StopText
+from mtad_edge.loader import LoadedPair
+from mtad_edge.pairs import Pair
+from mtad_edge.runtime.decoding import DecodeConfig, Generation, KVState, _common_prefix, generate_tokens
+
+
+class Utf8LM(FakeLM):
+    """Each token is one byte of UTF-8 text, so multi-byte characters span several tokens."""
+
+    TEXT = "é€😀 ok ".encode()
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.TEXT[token % len(self.TEXT)].to_bytes(1, "big")
+
+
+def fake_engine(target=None, aux=None, **defaults):
+    target = target or FakeLM(salt=1, n_seq_max=5)
+    aux = aux or FakeLM(salt=2, n_seq_max=9, vocab=target.n_vocab)
+    return Engine(LoadedPair(target, aux, Pair(None, None)), DecodeConfig(**defaults))
+
+
+def test_stop_text_never_emits_part_of_a_stop_string():
+    s = StopText(["</end>", "STOP"])
+    out = [s.push(p) for p in ["hello </", "en", "d> more"]]
+    assert out == [("hello ", False), ("", False), ("", True)]
+    s = StopText(["STOP"])
+    assert s.push("ST") == ("", False) and s.push("AR") == ("STAR", False) and s.flush() == ""
+    assert StopText([]).push("abc") == ("abc", False)
+
+
+def test_generate_streams_text_and_fills_tokens_and_stats():
+    eng = fake_engine()
+    r = eng.generate("abc", max_tokens=20, seed=1)
+    chunks = list(r)
+    assert "".join(chunks) == r.text() and len(r.tokens) == r.stats.generated == 20
+    assert r.finish_reason == "length" and r.stats.method == "mtad"
+    assert r.text() == "".join(chr(ord("a") + t) for t in r.tokens)
+
+
+def test_same_seed_same_text_per_request():
+    eng = fake_engine()
+    a = eng.generate("abc", max_tokens=15, seed=3, method="mmtad").text()
+    b = eng.generate("abc", max_tokens=15, seed=3, method="mmtad").text()
+    c = eng.generate("abc", max_tokens=15, seed=4, method="mmtad").text()
+    assert a == b != c
+
+
+def test_stop_strings_end_the_response():
+    eng = fake_engine()
+    full = eng.generate("abc", max_tokens=40, seed=2, method="ar").text()
+    stop = full[10:13]
+    r = eng.generate("abc", max_tokens=40, seed=2, method="ar", stop=[stop])
+    assert r.text() == full[: full.find(stop)] and r.finish_reason == "stop"
+
+
+def test_streaming_never_splits_a_utf8_character():
+    t = Utf8LM(vocab=len(Utf8LM.TEXT), salt=1, n_seq_max=5)
+    eng = fake_engine(target=t, aux=Utf8LM(vocab=len(Utf8LM.TEXT), salt=2, n_seq_max=9))
+    r = eng.generate("abc", max_tokens=80, seed=0, temperature=1.0, top_k=0, top_p=1.0)
+    chunks = list(r)
+    for c in chunks:
+        c.encode("utf-8")  # a lone surrogate or split sequence would not round-trip
+        assert "\ufffd" not in c or "\ufffd" in b"".join(t.token_bytes(x) for x in r.tokens).decode("utf-8", "replace")
+    assert "".join(chunks) == b"".join(t.token_bytes(x) for x in r.tokens).decode("utf-8", "replace")
+
+
+def test_cancel_from_another_thread():
+    eng = fake_engine()
+    r = eng.generate("abc", max_tokens=100_000, method="ar", seed=0)
+    got = []
+
+    def consume():
+        for chunk in r:
+            got.append(chunk)
+
+    th = threading.Thread(target=consume)
+    th.start()
+    while len(got) < 5:
+        time.sleep(0.001)
+    r.cancel()
+    th.join(timeout=10)
+    assert not th.is_alive() and r.finish_reason == "cancelled" and 5 <= len(r.tokens) < 100_000
+    assert eng.generate("abc", max_tokens=3, method="ar").text()  # the engine is free again
+
+
+def test_requests_run_one_at_a_time():
+    eng = fake_engine()
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def worker(seed):
+        for _ in eng.generate("abc", max_tokens=30, seed=seed):
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            time.sleep(0.0005)
+            with lock:
+                active[0] -= 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert peak[0] == 1
+
+
+def test_kv_state_reuses_the_shared_prefix_and_output_is_unchanged(fake_pair):
+    target, aux = fake_pair
+    kv = KVState()
+    cfg = DecodeConfig("mtad", 12, seed=5)
+    first, _ = generate_tokens(target, aux, [1, 2, 3], cfg)
+    gen = Generation(target, aux, [1, 2, 3], cfg, kv=kv)
+    assert [t for b in gen for t in b] == first and kv.target and kv.aux
+    follow_up = [1, 2, 3] + first + [4, 4]
+    reused = _common_prefix(kv.target, follow_up[:-1])
+    assert reused >= 3 + len(first) - 1
+    before = target.evaluated
+    gen2 = Generation(target, aux, follow_up, cfg, kv=kv)
+    blocks = iter(gen2)
+    out2 = next(blocks)  # prefill + one step: the pending token and gamma draft tokens
+    assert target.evaluated - before == (len(follow_up) - 1 - reused) + 1 + cfg.gamma
+    out2 += [t for b in blocks for t in b]
+    fresh, _ = generate_tokens(FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9), follow_up, cfg)
+    assert out2 == fresh  # reusing the cache changes nothing in the output
+
+
+def test_bad_options_raise_value_errors():
+    eng = fake_engine()
+    with pytest.raises(ValueError, match="unknown option"):
+        eng.generate("abc", temprature=1)
+    with pytest.raises(ValueError, match="top_p"):
+        eng.generate("abc", top_p=0)
+    with pytest.raises(ValueError, match="loaded for gamma <= 4"):
+        eng.generate("abc", gamma=9)
+    eng.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.generate("abc")
+
+
+@pytest.mark.slow
+def test_engine_on_the_default_pair(smol_files):
+    with Engine.load(pair="smollm2-135m", n_ctx=512, threads=2) as eng:
+        r = eng.chat([{"role": "user", "content": "Say hello in French and in Japanese."}], max_tokens=40, seed=1)
+        text = "".join(r)
+        assert text == r.text() and text.strip() and r.stats.generated == len(r.tokens) > 0
+        greedy = dict(max_tokens=24, temperature=0.0)
+        ar = eng.generate("The capital of France is", method="ar", **greedy).tokens
+        for method in ("sd", "mtad", "mmtad"):
+            assert eng.generate("The capital of France is", method=method, **greedy).tokens == ar
