@@ -63,6 +63,7 @@ class Stats:
     method: str = ""
     seed: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens already in the target's cache (reused, not prefilled)
     generated: int = 0
     target_calls: int = 0
     drafted: int = 0
@@ -103,6 +104,7 @@ class Stats:
         def fmt(v, spec):
             return "n/a" if v is None else format(v, spec)
         return (f"{self.method}: {self.generated} tokens, {fmt(self.tokens_per_s, '.1f')} tok/s, "
+                f"prompt {self.prompt_tokens} ({self.cached_tokens} cached), "
                 f"{self.target_calls} target calls, block efficiency {fmt(self.block_efficiency, '.2f')}, "
                 f"acceptance {fmt(self.acceptance_rate, '.1%')} ({self.accepted}/{self.drafted}), "
                 f"draft {self.draft_s:.2f}s verify {self.verify_s:.2f}s other {self.other_s:.2f}s, "
@@ -196,7 +198,7 @@ class Generation:
         """Evaluate all prompt tokens but the last, reusing the cached prefix shared with ``kv``."""
         for s in range(1, self.target.n_seq_max):  # tree branches a stopped run may have left
             self.target.rollback(s, 0)
-        self.tgt.n_kv = _common_prefix(kv.target, self.tokens[:-1])
+        self.tgt.n_kv = self.stats.cached_tokens = _common_prefix(kv.target, self.tokens[:-1])
         self.target.rollback(0, self.tgt.n_kv)
         self.tgt.feed(self.tokens[:-1], logits="none")
         if self.drafter is not None:

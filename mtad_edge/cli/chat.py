@@ -1,0 +1,125 @@
+"""`mtad-edge chat`: a streaming multi-turn chat in the terminal.
+
+The engine keeps the KV cache of the conversation so far, so each turn prefills only what is new.
+Ctrl-C stops the current answer and keeps the chat; Ctrl-D (end of input) leaves.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from mtad_edge.cli.options import errors_as_click, method_option, model_options, pair_or_manifest, sampling_options
+from mtad_edge.runtime.decoding import METHODS
+from mtad_edge.runtime.errors import ContextOverflowError
+
+HELP = "/reset clears the conversation, /stats shows the last answer's stats, /method NAME switches " \
+       f"decoder ({', '.join(METHODS)}), /help, /quit. Ctrl-C stops an answer, Ctrl-D quits."
+
+
+def _info(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+class ChatSession:
+    """The conversation and its commands; ``turn`` streams one answer to ``out``."""
+
+    def __init__(self, engine, method: str, system: str | None, drop_oldest: bool, out=None):
+        self.engine, self.method = engine, method
+        self.out = out or sys.stdout  # looked up now, not at import: tests and redirections swap it
+        self.system = [{"role": "system", "content": system}] if system else []
+        self.drop_oldest = drop_oldest
+        self.turns: list[dict] = []
+        self.last_stats = None
+
+    def command(self, line: str) -> bool:
+        """Handle a /command; False means quit."""
+        cmd, _, arg = line.partition(" ")
+        if cmd in ("/quit", "/exit"):
+            return False
+        if cmd == "/reset":
+            self.turns = []
+            _info("(conversation cleared)")
+        elif cmd == "/stats":
+            _info(self.last_stats.summary() if self.last_stats else "(no answer yet)")
+        elif cmd == "/method":
+            if arg.strip() in METHODS:
+                self.method = arg.strip()
+                _info(f"(method: {self.method})")
+            else:
+                _info(f"(method is {self.method}; choose from {', '.join(METHODS)})")
+        elif cmd == "/help":
+            _info(HELP)
+        else:
+            _info(f"(unknown command {cmd}; /help lists them)")
+        return True
+
+    def _response(self):
+        """Start the answer; drop the oldest turns if allowed and the context is full."""
+        while True:
+            try:
+                return self.engine.chat(self.system + self.turns, method=self.method)
+            except ContextOverflowError as e:
+                if not self.drop_oldest or len(self.turns) <= 1:
+                    self.turns.pop()
+                    _info(f"context full: {e}. Use /reset, or start the chat with --drop-oldest.")
+                    return None
+                del self.turns[:2]  # the oldest user message and its answer
+                _info("(dropped the oldest turn to fit the context)")
+
+    def turn(self, text: str) -> None:
+        self.turns.append({"role": "user", "content": text})
+        response = self._response()
+        if response is None:
+            return
+        said = []
+        try:
+            for piece in response:
+                said.append(piece)
+                self.out.write(piece)
+                self.out.flush()
+        except KeyboardInterrupt:
+            response.close()
+            self.out.write(" [stopped]")
+        self.out.write("\n")
+        self.out.flush()
+        self.turns.append({"role": "assistant", "content": "".join(said)})
+        self.last_stats = response.stats
+
+
+@click.command()
+@model_options
+@method_option
+@sampling_options
+@click.option("--system", help="System message for the conversation.")
+@click.option("--drop-oldest", is_flag=True, help="When the context is full, drop the oldest turns instead of refusing.")
+@errors_as_click
+def chat(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, method, system, drop_oldest, **sampling):
+    """Chat with the model in the terminal (the pair's chat template, streaming answers)."""
+    from mtad_edge.engine import Engine
+
+    name = pair_or_manifest(pair, manifest)
+    engine = Engine.load(name, target=target, aux=aux, method=method, n_ctx=n_ctx, threads=n_threads,
+                         n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, **sampling)
+    session = ChatSession(engine, method, system, drop_oldest)
+    _info(f"mtad-edge chat ({name or target or 'smollm2-135m'}, method {method}). {HELP}")
+    try:
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                click.echo()
+                break
+            except KeyboardInterrupt:
+                click.echo()
+                continue
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not session.command(line):
+                    break
+                continue
+            session.turn(line)
+    finally:
+        engine.close()

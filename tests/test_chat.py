@@ -1,0 +1,108 @@
+"""`mtad-edge chat`: piped stdin through CliRunner, the session logic, and a real tmux terminal."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mtad_edge.cli import cli
+from mtad_edge.cli.chat import ChatSession
+
+pytestmark = pytest.mark.slow
+
+
+def test_piped_chat_runs_commands_and_answers(smol_files):
+    stdin = "Hello! Who are you?\n/stats\n/method ar\nSay one word.\n/method nope\n/reset\n/bogus\n"
+    r = CliRunner().invoke(cli, ["chat", "--max-tokens", "16", "--seed", "1", "--ctx-size", "512"], input=stdin)
+    assert r.exit_code == 0, r.output
+    answers = [line.removeprefix("> ").strip("> ") for line in r.stdout.splitlines() if line.strip("> ")]
+    assert len(answers) == 2 and all(answers)
+    err = r.stderr
+    assert "mtad: " in err and "block efficiency" in err  # /stats
+    assert "(method: ar)" in err and "choose from" in err and "(conversation cleared)" in err
+    assert "unknown command /bogus" in err
+
+
+@pytest.fixture
+def engine(smol_files):
+    from mtad_edge.engine import Engine
+
+    with Engine.load(pair="smollm2-135m", n_ctx=512, threads=2, max_tokens=24, seed=0) as eng:
+        yield eng
+
+
+class Sink(list):
+    def write(self, s):
+        self.append(s)
+
+    def flush(self):
+        pass
+
+
+def test_each_turn_prefills_only_what_is_new(engine):
+    s = ChatSession(engine, "mtad", "You are terse.", drop_oldest=False, out=Sink())
+    s.turn("Name a fruit.")
+    first = s.last_stats
+    s.turn("Name another one.")
+    second = s.last_stats
+    assert first.cached_tokens == 0 < second.cached_tokens
+    # everything up to the first answer was cached; only the new turn's template and text are new
+    assert second.prompt_tokens - second.cached_tokens < 20 < second.cached_tokens
+    assert [t["role"] for t in s.turns] == ["user", "assistant", "user", "assistant"]
+
+
+def test_context_full_refuses_or_drops_oldest_turns(engine, capsys):
+    long = "Tell me about rivers. " * 40  # ~200 tokens a turn in a 512-token context
+    s = ChatSession(engine, "ar", None, drop_oldest=False, out=Sink())
+    for _ in range(4):
+        s.turn(long)
+    assert "context full" in capsys.readouterr().err
+    assert len(s.turns) < 8  # the refused turns were not kept
+    d = ChatSession(engine, "ar", None, drop_oldest=True, out=Sink())
+    for _ in range(4):
+        d.turn(long)
+    assert "dropped the oldest turn" in capsys.readouterr().err
+    assert d.turns[-1]["role"] == "assistant" and len(d.turns) < 8
+
+
+def _tmux(*args):
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _wait_for(session, predicate, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        screen = _tmux("capture-pane", "-p", "-t", session)
+        if predicate(screen):
+            return screen
+        time.sleep(0.3)
+    raise AssertionError(f"timed out; screen:\n{screen}")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_chat_in_a_real_terminal_ctrl_c_and_ctrl_d(smol_files, tmp_path):
+    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
+    session = f"mtadchat{os.getpid()}"
+    done = tmp_path / "exit-code"
+    cmd = f"{exe} chat --ctx-size 1024 --max-tokens 900 --seed 3 --method ar; echo $? > {done}"
+    _tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd)
+    try:
+        _wait_for(session, lambda s: s.rstrip().endswith(">"))
+        _tmux("send-keys", "-t", session, "Write a very long story about a dragon.", "Enter")
+        _wait_for(session, lambda s: len(s.split("dragon.", 1)[-1].strip()) > 40)  # the answer is streaming
+        _tmux("send-keys", "-t", session, "C-c")
+        screen = _wait_for(session, lambda s: "[stopped]" in s and s.rstrip().endswith(">"))
+        _tmux("send-keys", "-t", session, "/stats", "Enter")
+        _wait_for(session, lambda s: "block efficiency" in s)
+        _tmux("send-keys", "-t", session, "C-d")
+        deadline = time.time() + 60
+        while not done.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        assert done.read_text().strip() == "0"
+        assert "Traceback" not in screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
