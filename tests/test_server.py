@@ -115,17 +115,20 @@ def test_concurrent_requests_get_the_same_answers_as_sequential_ones(client):
         assert ask(client, p, max_tokens=20, seed=5).choices[0].message.content == results[p]
 
 
-def test_full_queue_answers_429(server):
+def parallel_statuses(port, n, body):
+    """POST ``body`` to /v1/completions from ``n`` threads at once; the HTTP statuses."""
     statuses = []
-
-    def run():
-        statuses.append(raw(server, "POST", "/v1/completions", {"prompt": "Tell me a long story", "max_tokens": 200})[0])
-
-    threads = [threading.Thread(target=run) for _ in range(6)]
+    threads = [threading.Thread(target=lambda: statuses.append(raw(port, "POST", "/v1/completions", body)[0]))
+               for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return statuses
+
+
+def test_full_queue_answers_429(server):
+    statuses = parallel_statuses(server, 6, {"prompt": "Tell me a long story", "max_tokens": 200})
     assert set(statuses) <= {200, 429} and statuses.count(429) >= 1 and statuses.count(200) >= 1
 
 
@@ -138,17 +141,7 @@ def test_client_disconnect_mid_stream_frees_the_server(server, client):
     time.sleep(1.0)
     # Capacity is 1 running + 2 waiting. Were the abandoned 900-token generation still running,
     # one of these three would be refused with 429.
-    statuses = []
-
-    def run():
-        statuses.append(raw(server, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 4})[0])
-
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert statuses == [200, 200, 200]
+    assert parallel_statuses(server, 3, {"prompt": "Hi", "max_tokens": 4}) == [200, 200, 200]
 
 
 @pytest.mark.parametrize("body,status,needle", [
