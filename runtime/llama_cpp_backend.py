@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 from .backend import Batch, VocabInfo
-from .errors import ModelLoadError
+from .errors import ModelLoadError, MtadEdgeError
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 
@@ -233,7 +233,8 @@ class LlamaCppBackend:
             self._batch.fill(batch, lo, hi)
             rc = self._lib.llama_decode(self._ctx, self._batch.batch)
             if rc != 0:
-                raise RuntimeError(f"llama_decode failed with code {rc} (KV cache full?)")
+                raise MtadEdgeError(f"llama_decode failed with code {rc} on {self.path.name} "
+                                    f"({'no free KV cache slot' if rc == 1 else 'aborted or internal error'})")
             for i in range(lo, hi):
                 for s in batch.seq_ids[i]:
                     hist = self._history.setdefault(s, [])
