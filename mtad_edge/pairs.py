@@ -193,15 +193,20 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
 
 
 def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
-    """Derive the pair's files if they are not there yet (idempotent). Returns their paths."""
+    """Derive the pair's files if they are not there yet (idempotent). Returns their paths.
+    A manifest outside models/ (an export) names finished files beside it: they are only checked."""
+    if not m.builtin:
+        missing = [str(m.file(r)) for r in ("target", "aux") if not m.file(r).is_file()]
+        if missing:
+            raise MtadEdgeError(f"{m.path}: missing model file(s) {', '.join(missing)}")
+        return Pair(m.file("target"), m.file("aux"), m)
     m.files_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
     for role in ("target", "aux"):
         spec = m.data[role]
         derive = spec.get("derive")
-        if not derive:  # used as is: the source file itself, or a file beside the manifest
-            is_source = spec["file"] == m.data.get("source", {}).get("file")
-            paths[role] = _source_path(m, say) if is_source else m.file(role)
+        if not derive:  # used as is: the source file itself
+            paths[role] = _source_path(m, say)
             continue
         dest = m.file(role)
         digest = _verified(dest)

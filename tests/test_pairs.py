@@ -85,9 +85,13 @@ def test_unknown_pair_and_bad_manifest(tmp_path):
 
 def test_local_manifest_files_live_beside_it(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({
-        "schema": 1, "name": "mine", "target": {"file": "t.gguf", "derive": None},
+        "schema": 1, "name": "mine", "target": {"file": "t.gguf", "derive": {"ftype": "Q4_K_M"}},
         "aux": {"file": "a.gguf", "derive": None}}))
-    p = pairs.prepare(pairs.load_manifest(tmp_path / "manifest.json"))
+    with pytest.raises(MtadEdgeError, match="missing model file"):
+        pairs.prepare(pairs.load_manifest(tmp_path / "manifest.json"))
+    for name in ("t.gguf", "a.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    p = pairs.prepare(pairs.load_manifest(tmp_path / "manifest.json"))  # checked, never re-derived
     assert (p.target, p.aux) == (tmp_path / "t.gguf", tmp_path / "a.gguf")
 
 

