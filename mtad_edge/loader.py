@@ -58,6 +58,9 @@ def open_pair(pair: Pair, cfg: DecodeConfig, opts: ModelOptions = ModelOptions()
 
     if pair.target is None:
         raise MtadEdgeError("--aux needs --target")
+    if pair.manifest and pair.manifest.data.get("format", "gguf") != "gguf":
+        raise MtadEdgeError(f"{pair.manifest.path} is an {pair.manifest.data['format'].upper()} pair; this version "
+                            f"runs GGUF pairs on llama.cpp only (the ONNX Runtime backend is not built yet)")
     if cfg.method != "ar" and pair.aux is None:
         raise MtadEdgeError(f"method {cfg.method} needs an auxiliary model: give --aux (or use --method ar)")
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)

@@ -73,3 +73,32 @@ def swap_two_tokens(model_dir: Path, out: Path, a: str, b: str) -> Path:
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (out / "tokenizer.json").write_text(json.dumps(tj))
     return out
+
+
+def ort_greedy(model_dir: Path, ids: list[int], n: int) -> list[int]:
+    """Greedy decoding of an optimum-exported decoder in onnxruntime (CPU), with its KV cache."""
+    import numpy as np
+    import onnxruntime as ort
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    sess = ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    layers = sum(1 for nm in names if nm.startswith("past_key_values.") and nm.endswith(".key"))
+    kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    past = {f"past_key_values.{i}.{kv}": np.zeros((1, kv_heads, 0, head_dim), np.float32)
+            for i in range(layers) for kv in ("key", "value")}
+    seq, out, new = list(ids), [], list(ids)
+    for _ in range(n):
+        feed = {"input_ids": np.array([new], np.int64), "attention_mask": np.ones((1, len(seq)), np.int64), **past}
+        if "position_ids" in names:
+            feed["position_ids"] = np.arange(len(seq) - len(new), len(seq), dtype=np.int64)[None]
+        logits, *presents = sess.run(None, feed)
+        tok = int(np.argmax(logits[0, -1]))
+        out.append(tok)
+        if tok == cfg.get("eos_token_id"):
+            break
+        past = {k: v for k, v in zip(past, presents)}
+        seq.append(tok)
+        new = [tok]
+    return out

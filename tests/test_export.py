@@ -126,3 +126,65 @@ def test_cli_export_then_generate_with_the_manifest(hf_tiny, tmp_path):
     assert len(json.loads(r.stdout)["tokens"]) > 0
     r = CliRunner().invoke(cli, ["export", "gguf", "--target", str(tmp_path), "--aux", "from-target", "--out", str(out)])
     assert r.exit_code == 1 and "no config.json" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def onnx_pair(hf_smol, tmp_path_factory):
+    pytest.importorskip("optimum.exporters.onnx")
+    from mtad_edge.export import OnnxExport, export_onnx
+
+    out = tmp_path_factory.mktemp("onnx") / "smol-onnx"
+    return export_onnx(OnnxExport(hf_smol, "from-target", out, quant="fp32", aux_quant="int4"))
+
+
+def test_onnx_export_fp32_matches_hf_and_int4_generates(onnx_pair, hf_smol):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from hfdata import ort_greedy
+
+    data = json.loads(onnx_pair.read_text())
+    out = onnx_pair.parent
+    assert data["format"] == "onnx" and data["aux"]["self_draft"] and data["aux"]["derive"]["quant"] == "int4"
+    for role in ("target", "aux"):
+        assert sha256_file(out / data[role]["file"]) == data[role]["sha256"]
+        assert (out / role / "tokenizer.json").is_file()  # tokenizer kept beside the model
+    assert (out / "aux" / "model.onnx").stat().st_size < (out / "target" / "model.onnx").stat().st_size / 2
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_smol), dtype=torch.float32).eval()
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(hf_smol))
+    totals = {"fp32": [0, 0], "int4": [0, 0]}
+    for prompt in ["The capital of France is", "def fibonacci(n):"]:
+        ids = tok.encode(prompt)
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        for quant, role in (("fp32", "target"), ("int4", "aux")):
+            got = ort_greedy(out / role, ids, 16)
+            same = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+            totals[quant][0] += same
+            totals[quant][1] += len(ref)
+            assert len(got) > 0
+    print(f"ONNX vs HF greedy agreement: fp32 {totals['fp32']}, int4 {totals['int4']}")
+    assert totals["fp32"][0] / totals["fp32"][1] >= 0.95
+
+
+def test_onnx_manifest_is_refused_by_the_llama_cpp_runtime_with_a_clear_error(onnx_pair):
+    r = CliRunner().invoke(cli, ["generate", "--manifest", str(onnx_pair), "hi"])
+    assert r.exit_code == 1 and "ONNX pair" in r.stderr and "Traceback" not in r.output
+
+
+def test_interrupted_onnx_export_leaves_no_manifest(hf_tiny, tmp_path, monkeypatch):
+    pytest.importorskip("optimum.exporters.onnx")
+    import mtad_edge.export.onnx as onnx_mod
+    from mtad_edge.export import OnnxExport, export_onnx
+
+    def crash(src, dest, quant, block_size, accuracy_level):
+        dest.mkdir(parents=True)
+        (dest / "model.onnx").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(onnx_mod, "quantize_onnx", crash)
+    out = tmp_path / "pair"
+    with pytest.raises(KeyboardInterrupt):
+        export_onnx(OnnxExport(hf_tiny, "from-target", out))
+    assert list(out.iterdir()) == []

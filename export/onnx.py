@@ -1,0 +1,141 @@
+"""HF checkpoints -> an ONNX target + aux pair (optimum-onnx export, onnxruntime quantization).
+
+Each model becomes a folder (``model.onnx`` + its tokenizer files) exported with optimum's
+``text-generation-with-past`` task, then weight-only 4-bit (``MatMulNBitsQuantizer``), dynamic
+int8, fp16 or left fp32. Staging and the manifest-last rule are the same as for GGUF.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from mtad_edge.pairs import sha256_file
+from mtad_edge.runtime.errors import MtadEdgeError
+
+from .gguf import FROM_TARGET, _check_hf_dir
+
+QUANTS = ("int4", "int8", "fp16", "fp32")
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    target: Path
+    aux: str  # an HF folder, or "from-target"
+    out: Path
+    quant: str = "int4"
+    aux_quant: str = "int4"
+    block_size: int = 32  # int4: weights per quantization block
+    accuracy_level: int = 0  # int4: 0 = fp32 compute; 4 (int8 compute) is faster on CPU but flips near-ties
+    overwrite: bool = False
+    name: Optional[str] = None
+    context_size: int = 2048
+
+
+def export_fp32(hf_dir: Path, dest: Path) -> None:
+    from optimum.exporters.onnx import main_export
+
+    try:
+        main_export(str(hf_dir), output=str(dest), task="text-generation-with-past", device="cpu")
+    except Exception as e:  # unsupported architecture, bad checkpoint, ...
+        raise MtadEdgeError(f"optimum could not export {hf_dir} to ONNX: {e}") from None
+
+
+def quantize_onnx(src: Path, dest: Path, quant: str, block_size: int, accuracy_level: int) -> None:
+    """src/model.onnx (fp32) -> dest/model.onnx in ``quant``; tokenizer and config files copied."""
+    import onnx
+
+    dest.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.startswith("model.onnx"):
+            shutil.copy(f, dest / f.name)
+    model_in, model_out = src / "model.onnx", dest / "model.onnx"
+    if quant == "fp32":
+        for f in src.glob("model.onnx*"):
+            shutil.copy(f, dest / f.name)
+    elif quant == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(model_in), str(model_out), weight_type=QuantType.QInt8)
+    elif quant == "int4":
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        q = MatMulNBitsQuantizer(onnx.load(str(model_in)), block_size=block_size, is_symmetric=True,
+                                 accuracy_level=accuracy_level)
+        q.process()
+        q.model.save_model_to_file(str(model_out), use_external_data_format=False)
+    elif quant == "fp16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        onnx.save(convert_float_to_float16(onnx.load(str(model_in)), keep_io_types=True), str(model_out))
+    else:
+        raise MtadEdgeError(f"unknown ONNX quantization {quant!r} (choose from {', '.join(QUANTS)})")
+
+
+def export_onnx(job: OnnxExport, say: Progress = lambda s: None) -> Path:
+    """Run the export; returns the manifest path."""
+    from .tokenizers import check_tokenizers
+
+    self_draft = job.aux == FROM_TARGET
+    _check_hf_dir(job.target, "target")
+    if not self_draft:
+        _check_hf_dir(Path(job.aux), "aux")
+    for q in (job.quant, job.aux_quant):
+        if q not in QUANTS:
+            raise MtadEdgeError(f"unknown ONNX quantization {q!r} (choose from {', '.join(QUANTS)})")
+    manifest_path = job.out / "manifest.json"
+    if manifest_path.exists() and not job.overwrite:
+        raise MtadEdgeError(f"{manifest_path} exists; pass --overwrite to replace the export")
+    if not self_draft:
+        say("checking that the tokenizers match")
+        check_tokenizers(job.target, Path(job.aux))
+    job.out.mkdir(parents=True, exist_ok=True)
+    stage = job.out / f".export-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        say(f"exporting target {job.target} to ONNX")
+        export_fp32(job.target, stage / "target-fp32")
+        aux_fp32 = stage / "target-fp32"
+        if not self_draft:
+            say(f"exporting aux {job.aux} to ONNX")
+            aux_fp32 = stage / "aux-fp32"
+            export_fp32(Path(job.aux), aux_fp32)
+        say(f"quantizing target to {job.quant}")
+        quantize_onnx(stage / "target-fp32", stage / "target", job.quant, job.block_size, job.accuracy_level)
+        say(f"quantizing aux to {job.aux_quant}" + (" (self-draft from the target)" if self_draft else ""))
+        quantize_onnx(aux_fp32, stage / "aux", job.aux_quant, job.block_size, job.accuracy_level)
+        manifest = _manifest(job, stage, self_draft)
+        (stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if manifest_path.exists():
+            manifest_path.unlink()
+        for role in ("target", "aux"):
+            shutil.rmtree(job.out / role, ignore_errors=True)
+            os.replace(stage / role, job.out / role)
+        os.replace(stage / "manifest.json", manifest_path)  # last: the export is complete
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return manifest_path
+
+
+def _manifest(job: OnnxExport, stage: Path, self_draft: bool) -> dict:
+    def variant(role: str, quant: str) -> dict:
+        v = {"file": f"{role}/model.onnx", "sha256": sha256_file(stage / role / "model.onnx"),
+             "derive": {"tool": "optimum-onnx text-generation-with-past + onnxruntime.quantization", "quant": quant}}
+        if quant == "int4":
+            v["derive"].update(block_size=job.block_size, accuracy_level=job.accuracy_level)
+        return v
+
+    aux = variant("aux", job.aux_quant)
+    if self_draft:
+        aux["self_draft"] = True
+        aux["note"] = "no sibling model: the aux is the target quantized more strongly"
+    return {"schema": 1, "name": job.name or job.out.name, "format": "onnx",
+            "description": f"ONNX export of {job.target} (target) and {job.aux} (aux)",
+            "context_size": job.context_size, "chat_template": {"source": "tokenizer_config"},
+            "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
+            "target": variant("target", job.quant), "aux": aux}
