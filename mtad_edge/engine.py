@@ -126,19 +126,18 @@ class Engine:
 
     @classmethod
     def load(cls, pair: Optional[str] = None, *, target: Optional[str] = None, aux: Optional[str] = None,
-             manifest: Optional[str] = None, backend: str = "llama.cpp", method: str = "mtad", gamma: int = 4,
-             beam_width: int = 4, n_ctx: Optional[int] = None, threads: Optional[int] = None,
+             manifest: Optional[str] = None, backend: str = "auto", provider: str = "auto", method: str = "mtad",
+             gamma: int = 4, beam_width: int = 4, n_ctx: Optional[int] = None, threads: Optional[int] = None,
              n_gpu_layers: Optional[int] = None, flash_attn: Optional[bool] = None, **defaults: Any) -> "Engine":
-        """Load a named pair / manifest, or ``target`` (+ ``aux``) GGUF files. ``gamma`` and
+        """Load a named pair / manifest, or ``target`` (+ ``aux``) model files: GGUF files run on
+        llama.cpp, ONNX model folders on ONNX Runtime (``backend`` forces one). ``gamma`` and
         ``beam_width`` are also the most a request may ask for; other keyword arguments become
         request defaults (temperature, top_k, top_p, accept_threshold, max_tokens, seed)."""
-        if backend not in ("llama.cpp", "llama_cpp"):
-            raise ValueError(f"unknown backend {backend!r}: this version runs llama.cpp")
         base = _config(DecodeConfig(method=method, gamma=gamma, beam_width=beam_width), defaults)
         paths = resolve(pair or manifest, target, aux)
         sizing = DecodeConfig(method="mmtad" if paths.aux else "ar", gamma=gamma, beam_width=beam_width)
         models = open_pair(paths, sizing, ModelOptions(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                                                       flash_attn=flash_attn))
+                                                       flash_attn=flash_attn, backend=backend, provider=provider))
         return cls(models, base)
 
     def generate(self, prompt: str, *, stop: Sequence[str] = (), **options: Any) -> Response:

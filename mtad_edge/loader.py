@@ -12,12 +12,39 @@ from mtad_edge.runtime.drafter import beam_slots
 from mtad_edge.runtime.errors import MtadEdgeError
 
 
+BACKENDS = ("auto", "llama.cpp", "onnx")
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     n_ctx: Optional[int] = None  # None: the manifest's context_size, else 2048
     n_threads: Optional[int] = None
-    n_gpu_layers: Optional[int] = None  # None: all layers when the build can offload, else 0
-    flash_attn: Optional[bool] = None
+    n_gpu_layers: Optional[int] = None  # llama.cpp; None: all layers when the build can offload, else 0
+    flash_attn: Optional[bool] = None  # llama.cpp
+    backend: str = "auto"  # auto: llama.cpp for .gguf files, ONNX Runtime for model folders / .onnx
+    provider: str = "auto"  # ONNX Runtime: auto (CUDA when available) | cpu | cuda
+
+
+def _backend_for(path: Path, requested: str) -> str:
+    kind = "onnx" if Path(path).is_dir() or Path(path).suffix == ".onnx" else "llama.cpp"
+    if requested not in BACKENDS:
+        raise MtadEdgeError(f"unknown backend {requested!r} (choose from {', '.join(BACKENDS)})")
+    if requested != "auto" and requested != kind:
+        raise MtadEdgeError(f"--backend {requested} cannot run {path} (that is a {kind} model)")
+    return kind
+
+
+def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions):
+    """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX."""
+    if _backend_for(path, opts.backend) == "onnx":
+        from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
+
+        return OrtBackend(path, OrtConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.n_threads,
+                                          provider=opts.provider))
+    from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+
+    return LlamaCppBackend(path, LlamaCppConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.n_threads,
+                                                n_gpu_layers=_gpu_layers(opts.n_gpu_layers), flash_attn=opts.flash_attn))
 
 
 class LoadedPair:
@@ -53,27 +80,22 @@ def _gpu_layers(requested: Optional[int]) -> int:
 
 
 def open_pair(pair: Pair, cfg: DecodeConfig, opts: ModelOptions = ModelOptions()) -> LoadedPair:
-    """Load the target (and the aux unless ``cfg.method`` is ar) with contexts sized for ``cfg``."""
-    from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
-
+    """Load the target (and the aux unless ``cfg.method`` is ar) with contexts sized for ``cfg``.
+    Each model runs on the backend its file calls for, so mixed GGUF/ONNX pairs work."""
     if pair.target is None:
         raise MtadEdgeError("--aux needs --target")
-    if pair.manifest and pair.manifest.data.get("format", "gguf") != "gguf":
-        raise MtadEdgeError(f"{pair.manifest.path} is an {pair.manifest.data['format'].upper()} pair; this version "
-                            f"runs GGUF pairs on llama.cpp only (the ONNX Runtime backend is not built yet)")
     if cfg.method != "ar" and pair.aux is None:
         raise MtadEdgeError(f"method {cfg.method} needs an auxiliary model: give --aux (or use --method ar)")
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
-    common = dict(n_threads=opts.n_threads, n_gpu_layers=_gpu_layers(opts.n_gpu_layers), flash_attn=opts.flash_attn)
     tree = cfg.method == "mmtad"  # the target then verifies w beams as w sequences at once
-    target = LlamaCppBackend(pair.target, LlamaCppConfig(
-        n_ctx=n_ctx + (cfg.lookahead - cfg.gamma - 1 if tree else 0), n_seq_max=cfg.width + 1 if tree else 1, **common))
+    target = load_backend(Path(pair.target), n_ctx + (cfg.lookahead - cfg.gamma - 1 if tree else 0),
+                          cfg.width + 1 if tree else 1, opts)
     if cfg.method == "ar":
         return LoadedPair(target, None, pair)
     slots = beam_slots(cfg.width)
     try:
         # Beams add up to 2w(gamma-1) cells beside the committed text in the unified cache.
-        aux = LlamaCppBackend(pair.aux, LlamaCppConfig(n_ctx=n_ctx + slots * cfg.gamma, n_seq_max=slots, **common))
+        aux = load_backend(Path(pair.aux), n_ctx + slots * cfg.gamma, slots, opts)
     except Exception:
         target.close()
         raise

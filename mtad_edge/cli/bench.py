@@ -59,7 +59,7 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
 @click.option("--sweep-gammas", default="2,4,6", show_default=True)
 @click.option("--sweep-widths", default="1,2,4,8", show_default=True)
 @errors_as_click
-def bench(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, methods, prompts_file, repeats,
+def bench(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, backend, provider, methods, prompts_file, repeats,
           out_dir, llama_cpp_bin, sweep, sweep_thresholds, sweep_gammas, sweep_widths, **sampling):
     """Measure speed, acceptance, perplexity and energy of each method on the same pair and prompts."""
     methods = _methods(methods)
@@ -73,7 +73,8 @@ def bench(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_att
     sizing = replace(base, method=drafting,  # room for every setting
                      gamma=max([base.gamma] + [p["gamma"] for p in points]),
                      beam_width=max([base.beam_width] + [p["beam_width"] for p in points]))
-    opts = ModelOptions(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn)
+    opts = ModelOptions(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                        backend=backend, provider=provider)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     total = repeats * len(prompts) * len(methods) + len(points) * len(prompts)

@@ -94,13 +94,14 @@ class ChatSession:
 @click.option("--system", help="System message for the conversation.")
 @click.option("--drop-oldest", is_flag=True, help="When the context is full, drop the oldest turns instead of refusing.")
 @errors_as_click
-def chat(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, method, system, drop_oldest, **sampling):
+def chat(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, backend, provider, method, system, drop_oldest, **sampling):
     """Chat with the model in the terminal (the pair's chat template, streaming answers)."""
     from mtad_edge.engine import Engine
 
     name = pair_or_manifest(pair, manifest)
     engine = Engine.load(name, target=target, aux=aux, method=method, n_ctx=n_ctx, threads=n_threads,
-                         n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, **sampling)
+                         n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, backend=backend, provider=provider,
+                         **sampling)
     session = ChatSession(engine, method, system, drop_oldest)
     _info(f"mtad-edge chat ({name or target or 'smollm2-135m'}, method {method}). {HELP}")
     try:

@@ -20,12 +20,16 @@ def _stack(*decorators):
 model_options = _stack(
     click.option("--pair", "pair", metavar="NAME|MANIFEST", help="Named pair (see `mtad-edge models list`) or a manifest.json. Default: smollm2-135m."),
     click.option("--manifest", type=click.Path(exists=True), help="A pair's manifest.json (same as --pair PATH)."),
-    click.option("--target", type=click.Path(dir_okay=False), help="Target GGUF file (instead of --pair)."),
-    click.option("--aux", type=click.Path(dir_okay=False), help="Auxiliary (draft) GGUF file (with --target)."),
+    click.option("--target", type=click.Path(), help="Target model: a GGUF file or an ONNX model folder (instead of --pair)."),
+    click.option("--aux", type=click.Path(), help="Auxiliary (draft) model: GGUF file or ONNX folder (with --target)."),
     click.option("--ctx-size", "n_ctx", type=click.IntRange(min=32), help="Context size in tokens (default: the pair's, else 2048)."),
     click.option("--threads", "n_threads", type=click.IntRange(min=1), help="CPU threads (default: all usable cores)."),
     click.option("--n-gpu-layers", type=click.IntRange(min=-1), help="Layers to offload to the GPU; -1 all (default: all when llama.cpp was built with CUDA/Metal, else 0)."),
     click.option("--flash-attn/--no-flash-attn", default=None, help="Force flash attention on or off (default: llama.cpp decides)."),
+    click.option("--backend", type=click.Choice(["auto", "llama.cpp", "onnx"]), default="auto", show_default=True,
+                 help="auto: llama.cpp for .gguf files, ONNX Runtime for ONNX model folders (mixed pairs work)."),
+    click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                 help="ONNX Runtime execution provider (auto: CUDA when onnxruntime-gpu sees a GPU)."),
 )
 
 method_option = click.option("--method", type=click.Choice(METHODS), default="mtad", show_default=True,

@@ -17,7 +17,7 @@ from mtad_edge.cli.options import errors_as_click, method_option, model_options,
 @click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True, help="Largest request body in bytes (413 above).")
 @click.option("--model-name", help="The model id clients see (default: the pair's name).")
 @errors_as_click
-def serve(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, host, port, api_key, queue_size,
+def serve(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, backend, provider, host, port, api_key, queue_size,
           max_body, model_name, method, **sampling):
     """Serve /v1/chat/completions, /v1/completions and /v1/models (streaming and not)."""
     import uvicorn
@@ -27,7 +27,8 @@ def serve(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_att
 
     name = pair_or_manifest(pair, manifest)
     engine = Engine.load(name, target=target, aux=aux, method=method, n_ctx=n_ctx, threads=n_threads,
-                         n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, **sampling)
+                         n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, backend=backend, provider=provider,
+                         **sampling)
     model_name = model_name or name or (target and click.format_filename(target)) or "smollm2-135m"
     app = create_app(engine, model_name, api_key=api_key, queue_size=queue_size, max_body=max_body)
     click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {method})", err=True)

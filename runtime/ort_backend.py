@@ -1,0 +1,208 @@
+"""Backend on ONNX Runtime over an optimum-exported decoder folder (model.onnx + tokenizer files).
+
+Inputs ``input_ids``, ``attention_mask``, ``position_ids`` (when the export has it; Gemma 3 has
+not) and ``past_key_values.N.key/value``; outputs ``logits`` and ``present.N.*``. Each sequence
+keeps its own KV arrays (1, kv_heads, T, head_dim); onnxruntime returns fresh arrays every run,
+so rolling back is slicing and copying a sequence shares references. Sequences that get the same
+number of new tokens on the same past length (draft beams) run together as batch rows.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .backend import Batch, VocabInfo
+from .errors import ModelLoadError, MtadEdgeError
+
+
+@dataclass(frozen=True)
+class OrtConfig:
+    n_ctx: int = 2048
+    n_seq_max: int = 1
+    n_threads: Optional[int] = None
+    provider: str = "auto"  # auto | cpu | cuda
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte <-> printable-unicode table, inverted (byte-level BPE token text -> bytes)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class OrtBackend:
+    def __init__(self, model_dir: str | os.PathLike, config: OrtConfig = OrtConfig()):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        d = Path(model_dir)
+        self.path = d / "model.onnx" if d.is_dir() else d
+        d = self.path.parent
+        if not self.path.is_file():
+            raise ModelLoadError(f"no ONNX model at {self.path}")
+        opts = ort.SessionOptions()
+        if config.n_threads:
+            opts.intra_op_num_threads = config.n_threads
+        available = ort.get_available_providers()
+        providers = ["CPUExecutionProvider"]
+        if config.provider in ("auto", "cuda") and "CUDAExecutionProvider" in available:
+            providers.insert(0, "CUDAExecutionProvider")
+        elif config.provider == "cuda":
+            raise ModelLoadError("--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+        try:
+            self._sess = ort.InferenceSession(str(self.path), opts, providers=providers)
+            self._tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        except Exception as e:
+            raise ModelLoadError(f"onnxruntime could not load {self.path}: {str(e).splitlines()[0]}") from None
+        cfg = json.loads((d / "config.json").read_text())
+        tcfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
+        self._tcfg = tcfg
+        self._inputs = {i.name for i in self._sess.get_inputs()}
+        self._layers = sum(1 for n in self._inputs if n.startswith("past_key_values.") and n.endswith(".key"))
+        self._kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        self._head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        self.n_ctx, self.n_seq_max = config.n_ctx, config.n_seq_max
+        self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        self._special = {t: self._tok.token_to_id(v if isinstance(v, str) else v.get("content"))
+                         for t in ("bos_token", "eos_token") if (v := tcfg.get(t))}
+        eos = cfg.get("eos_token_id")
+        self._eog = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self._special.get("eos_token") is not None:
+            self._eog.add(self._special["eos_token"])
+        tj = json.loads((d / "tokenizer.json").read_text())
+        self._bytes = _byte_decoder()
+        self._byte_level = (tj.get("decoder") or {}).get("type") == "ByteLevel"
+        self._control = {t["id"] for t in tj.get("added_tokens", []) if t.get("special")}
+        self._kv: dict[int, list[np.ndarray]] = {}
+        self._hist: dict[int, list[int]] = {}
+        self.rollback_fallbacks = 0
+
+    # -- vocabulary -------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        bos = self._special.get("bos_token")
+        if add_special and self._tcfg.get("add_bos_token") and bos is not None and ids[:1] != [bos]:
+            ids = [bos] + ids
+        return ids
+
+    def token_bytes(self, token: int) -> bytes:
+        if int(token) in self._control:
+            return b""  # special tokens print nothing, as llama.cpp does
+        text = self._tok.id_to_token(int(token)) or ""
+        if self._byte_level:
+            try:
+                return bytes(self._bytes[c] for c in text)
+            except KeyError:
+                return text.encode("utf-8")
+        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):  # SentencePiece byte fallback
+            return bytes([int(text[3:5], 16)])
+        return text.replace("\u2581", " ").encode("utf-8")
+
+    def is_eog(self, token: int) -> bool:
+        return int(token) in self._eog
+
+    def vocab_info(self) -> VocabInfo:
+        kind = json.loads(self._tok.to_str())["model"]["type"].lower()
+        return VocabInfo(kind="bpe" if kind == "bpe" else "spm" if kind == "unigram" else kind, n_tokens=self.n_vocab,
+                         bos=self._special.get("bos_token", -1), eos=self._special.get("eos_token", -1),
+                         add_bos=bool(self._tcfg.get("add_bos_token")),
+                         text=lambda i: (self._tok.id_to_token(i) or "").encode("utf-8"))
+
+    def apply_chat_template(self, messages: list[dict[str, str]], template: Optional[str] = None,
+                            add_assistant: bool = True) -> str:
+        import jinja2
+
+        d = self.path.parent
+        tmpl = template or self._tcfg.get("chat_template")
+        if not tmpl and (d / "chat_template.jinja").is_file():
+            tmpl = (d / "chat_template.jinja").read_text()
+        if not tmpl:
+            raise ModelLoadError(f"{d} has no chat template")
+        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        tok = {k: (v if isinstance(v, str) else v.get("content")) for k, v in self._tcfg.items()
+               if k in ("bos_token", "eos_token") and v}
+        return env.from_string(tmpl).render(messages=messages, add_generation_prompt=add_assistant, **tok)
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def decode(self, batch: Batch) -> np.ndarray:
+        per_seq: dict[int, list[int]] = defaultdict(list)  # seq -> batch rows, in order
+        for i, seqs in enumerate(batch.seq_ids):
+            for s in seqs:
+                per_seq[s].append(i)
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)  # (past, new) -> seqs run together
+        for s, rows in per_seq.items():
+            past = len(self._hist.get(s, []))
+            if [batch.pos[i] for i in rows] != list(range(past, past + len(rows))):
+                raise MtadEdgeError(f"sequence {s}: tokens must continue at position {past}")
+            if past + len(rows) > self.n_ctx:
+                raise MtadEdgeError(f"sequence {s}: context of {self.n_ctx} tokens is full")
+            groups[(past, len(rows))].append(s)
+        logits_of: dict[int, np.ndarray] = {}
+        for (past, n), seqs in groups.items():
+            out = self._run(seqs, [[batch.tokens[i] for i in per_seq[s]] for s in seqs], past)
+            for s, rows in zip(seqs, out):
+                for j, i in enumerate(per_seq[s]):
+                    if batch.logits[i] and i not in logits_of:
+                        logits_of[i] = rows[j]
+                self._hist.setdefault(s, []).extend(batch.tokens[i] for i in per_seq[s])
+        wanted = [i for i, w in enumerate(batch.logits) if w]
+        return np.stack([logits_of[i] for i in wanted]) if wanted else np.empty((0, self.n_vocab), np.float32)
+
+    def _run(self, seqs: list[int], tokens: list[list[int]], past: int) -> np.ndarray:
+        b, n = len(seqs), len(tokens[0])
+        feed = {"input_ids": np.array(tokens, dtype=np.int64),
+                "attention_mask": np.ones((b, past + n), dtype=np.int64)}
+        if "position_ids" in self._inputs:
+            feed["position_ids"] = np.tile(np.arange(past, past + n, dtype=np.int64), (b, 1))
+        empty = np.zeros((1, self._kv_heads, 0, self._head_dim), np.float32)
+        for layer in range(2 * self._layers):
+            caches = [self._kv.get(s, [empty] * (2 * self._layers))[layer] for s in seqs]
+            name = f"past_key_values.{layer // 2}.{'key' if layer % 2 == 0 else 'value'}"
+            feed[name] = caches[0] if b == 1 else np.concatenate(caches, axis=0)
+        logits, *presents = self._sess.run(None, feed)
+        for k, s in enumerate(seqs):
+            self._kv[s] = [p[k:k + 1] for p in presents]
+        return logits
+
+    def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        hist, kv = self._hist.get(src, []), self._kv.get(src)
+        lo, hi = max(p0, 0), (len(hist) if p1 < 0 else p1)
+        mine = self._hist.get(dst, [])
+        if lo > len(mine):
+            raise MtadEdgeError(f"copy into sequence {dst} would leave a hole at {len(mine)}")
+        self._hist[dst] = mine[:lo] + hist[lo:hi]
+        if kv is None:
+            return
+        own = self._kv.get(dst)
+        self._kv[dst] = [kv[i][:, :, lo:hi] if lo == 0 or own is None else
+                         np.concatenate([own[i][:, :, :lo], kv[i][:, :, lo:hi]], axis=2) for i in range(len(kv))]
+
+    def rollback(self, seq: int, n_keep: int) -> None:
+        hist = self._hist.get(seq, [])
+        if n_keep >= len(hist):
+            return
+        del hist[n_keep:]
+        if seq in self._kv:
+            self._kv[seq] = [a[:, :, :n_keep] for a in self._kv[seq]]
+
+    def close(self) -> None:
+        self._kv.clear()
+        self._sess = None
+
+    def __enter__(self) -> "OrtBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

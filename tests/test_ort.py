@@ -1,0 +1,119 @@
+"""The ONNX Runtime backend on an ONNX export of the embedded SmolLM2 (fp32 target, int4 aux)."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mtad_edge.cli import cli
+from mtad_edge.loader import ModelOptions, open_pair
+from mtad_edge.pairs import Pair, load_manifest, prepare
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.compat import check_pair
+from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens
+from mtad_edge.runtime.sampling import SamplingConfig
+
+pytestmark = pytest.mark.slow
+GREEDY = SamplingConfig(temperature=0.0)
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+
+
+@pytest.fixture(scope="module")
+def ort_models(onnx_pair):
+    with open_pair(prepare(load_manifest(onnx_pair)), DecodeConfig("mmtad"), ModelOptions(n_ctx=512)) as m:
+        yield m
+
+
+def test_greedy_ar_on_onnx_agrees_with_hf_and_llama_cpp(ort_models, hf_smol, smol_files):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_smol), dtype=torch.float32).eval()
+    agree = {"hf": 0, "llama.cpp F16": 0}
+    total = 0
+    with LlamaCppBackend(smol_files.target, LlamaCppConfig(n_ctx=256)) as f16:
+        for p in PROMPTS:
+            ids = ort_models.target.tokenize(p)
+            ours, _ = generate_tokens(ort_models.target, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
+            with torch.no_grad():
+                ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+            cpp, _ = generate_tokens(f16, None, f16.tokenize(p), DecodeConfig("ar", 24, sampling=GREEDY))
+            for key, other in (("hf", ref), ("llama.cpp F16", cpp)):
+                agree[key] += next((i for i, (a, b) in enumerate(zip(ours, other)) if a != b), min(len(ours), len(other)))
+            total += len(ref)
+    print(f"ONNX fp32 greedy agreement over {total} tokens: {agree}")
+    assert agree["hf"] / total >= 0.95
+
+
+@pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
+def test_greedy_drafting_methods_equal_greedy_ar_on_onnx(ort_models, method):
+    t, a = ort_models.target, ort_models.aux
+    for p in PROMPTS:
+        ids = t.tokenize(p)
+        ar, _ = generate_tokens(t, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
+        out, st = generate_tokens(t, a, ids, DecodeConfig(method, 24, sampling=GREEDY))
+        assert out == ar and st.drafted > 0
+
+
+def test_rollback_then_decode_equals_fresh_decode_on_onnx(ort_models):
+    t = ort_models.target
+    ids = t.tokenize("Name a color.")
+    t.rollback(0, 0)
+    t.decode(Batch.run(ids, 0, logits="none"))
+    t.decode(Batch.run([100, 200, 300], len(ids), logits="none"))
+    t.rollback(0, len(ids) + 1)
+    got = np.array(t.decode(Batch.run([555], len(ids) + 1)))[-1]
+    t.rollback(0, 0)
+    t.decode(Batch.run(ids, 0, logits="none"))
+    t.decode(Batch.run([100], len(ids), logits="none"))
+    want = np.array(t.decode(Batch.run([555], len(ids) + 1)))[-1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+def test_beams_as_batch_rows_match_single_rows(ort_models):
+    a = ort_models.aux
+    ids = a.tokenize("Say hi.")
+    a.rollback(0, 0)
+    a.decode(Batch.run(ids, 0, logits="none"))
+    batch = Batch()
+    for s, tok in enumerate([10, 20, 30], start=1):
+        a.rollback(s, 0)
+        a.copy_seq(0, s)
+        batch.add(tok, len(ids), (s,), True)
+    together = np.array(a.decode(batch))
+    for s, tok in enumerate([10, 20, 30], start=1):
+        a.rollback(s, len(ids))
+        alone = np.array(a.decode(Batch.run([tok], len(ids), seq=s)))[-1]
+        np.testing.assert_allclose(together[s - 1], alone, rtol=0, atol=1e-3)
+        a.rollback(s, 0)
+
+
+def test_sampled_mtad_on_onnx_and_int4_generates(ort_models):
+    t, a = ort_models.target, ort_models.aux
+    ids = t.tokenize(t.apply_chat_template([{"role": "user", "content": "Write a sentence about rain."}]))
+    out, st = generate_tokens(t, a, ids, DecodeConfig("mtad", 32, seed=2))
+    assert st.generated == len(out) > 0 and st.accepted <= st.drafted
+    aux_only, _ = generate_tokens(a, None, ids, DecodeConfig("ar", 16, seed=2))  # the int4 model alone
+    assert aux_only
+
+
+def test_mixed_pair_llama_cpp_target_onnx_aux(onnx_pair, smol_files):
+    aux_dir = onnx_pair.parent / "aux"
+    with open_pair(Pair(smol_files.target, aux_dir), DecodeConfig("sd"), ModelOptions(n_ctx=256)) as m:
+        check_pair(m.target, m.aux)
+        ids = m.target.tokenize("The capital of France is")
+        ar, _ = generate_tokens(m.target, None, ids, DecodeConfig("ar", 16, sampling=GREEDY))
+        sd, st = generate_tokens(m.target, m.aux, ids, DecodeConfig("sd", 16, sampling=GREEDY))
+    assert sd == ar and st.drafted > 0
+
+
+def test_cli_generate_with_an_onnx_manifest(onnx_pair):
+    r = CliRunner().invoke(cli, ["generate", "--manifest", str(onnx_pair), "--json", "--method", "mtad",
+                                 "--max-tokens", "8", "--seed", "1", "--chat", "Hello"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["stats"]["method"] == "mtad"
+    r = CliRunner().invoke(cli, ["generate", "--manifest", str(onnx_pair), "--backend", "llama.cpp", "hi"])
+    assert r.exit_code == 1 and "cannot run" in r.stderr
