@@ -196,10 +196,6 @@ class LlamaCppBackend:
             text=lambda i: lib.llama_vocab_get_text(vocab, i) or b"",
         )
 
-    def chat_template(self) -> Optional[str]:
-        tmpl = self._lib.llama_model_chat_template(self._model, None)
-        return tmpl.decode("utf-8") if tmpl else None
-
     def apply_chat_template(self, messages: list[dict[str, str]], template: Optional[str] = None,
                             add_assistant: bool = True) -> str:
         """Render messages with llama.cpp's template engine: the GGUF's own template, or

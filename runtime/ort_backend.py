@@ -87,7 +87,6 @@ class OrtBackend:
         self._control = {t["id"] for t in tj.get("added_tokens", []) if t.get("special")}
         self._kv: dict[int, list[np.ndarray]] = {}
         self._hist: dict[int, list[int]] = {}
-        self.rollback_fallbacks = 0
 
     # -- vocabulary -------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
