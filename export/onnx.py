@@ -6,20 +6,17 @@ int8, fp16 or left fp32. Staging and the manifest-last rule are the same as for 
 """
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from mtad_edge.pairs import sha256_file
 from mtad_edge.runtime.errors import MtadEdgeError
 
-from .gguf import FROM_TARGET, _check_hf_dir
+from .staging import Progress, mark_self_draft, preflight, publish, staging
 
 QUANTS = ("int4", "int8", "fp16", "fp32")
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -78,26 +75,11 @@ def quantize_onnx(src: Path, dest: Path, quant: str, block_size: int, accuracy_l
 
 def export_onnx(job: OnnxExport, say: Progress = lambda s: None) -> Path:
     """Run the export; returns the manifest path."""
-    from .tokenizers import check_tokenizers
-
-    self_draft = job.aux == FROM_TARGET
-    _check_hf_dir(job.target, "target")
-    if not self_draft:
-        _check_hf_dir(Path(job.aux), "aux")
     for q in (job.quant, job.aux_quant):
         if q not in QUANTS:
             raise MtadEdgeError(f"unknown ONNX quantization {q!r} (choose from {', '.join(QUANTS)})")
-    manifest_path = job.out / "manifest.json"
-    if manifest_path.exists() and not job.overwrite:
-        raise MtadEdgeError(f"{manifest_path} exists; pass --overwrite to replace the export")
-    if not self_draft:
-        say("checking that the tokenizers match")
-        check_tokenizers(job.target, Path(job.aux))
-    job.out.mkdir(parents=True, exist_ok=True)
-    stage = job.out / f".export-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
-    try:
+    self_draft, _ = preflight(job.target, job.aux, job.out, job.overwrite, say)
+    with staging(job.out) as stage:
         say(f"exporting target {job.target} to ONNX")
         export_fp32(job.target, stage / "target-fp32")
         aux_fp32 = stage / "target-fp32"
@@ -109,17 +91,7 @@ def export_onnx(job: OnnxExport, say: Progress = lambda s: None) -> Path:
         quantize_onnx(stage / "target-fp32", stage / "target", job.quant, job.block_size, job.accuracy_level)
         say(f"quantizing aux to {job.aux_quant}" + (" (self-draft from the target)" if self_draft else ""))
         quantize_onnx(aux_fp32, stage / "aux", job.aux_quant, job.block_size, job.accuracy_level)
-        manifest = _manifest(job, stage, self_draft)
-        (stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if manifest_path.exists():
-            manifest_path.unlink()
-        for role in ("target", "aux"):
-            shutil.rmtree(job.out / role, ignore_errors=True)
-            os.replace(stage / role, job.out / role)
-        os.replace(stage / "manifest.json", manifest_path)  # last: the export is complete
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    return manifest_path
+        return publish(stage, job.out, ["target", "aux"], _manifest(job, stage, self_draft))
 
 
 def _manifest(job: OnnxExport, stage: Path, self_draft: bool) -> dict:
@@ -132,8 +104,7 @@ def _manifest(job: OnnxExport, stage: Path, self_draft: bool) -> dict:
 
     aux = variant("aux", job.aux_quant)
     if self_draft:
-        aux["self_draft"] = True
-        aux["note"] = "no sibling model: the aux is the target quantized more strongly"
+        mark_self_draft(aux)
     return {"schema": 1, "name": job.name or job.out.name, "format": "onnx",
             "description": f"ONNX export of {job.target} (target) and {job.aux} (aux)",
             "context_size": job.context_size, "chat_template": {"source": "tokenizer_config"},

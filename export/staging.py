@@ -1,0 +1,72 @@
+"""What every export does around its conversion: checks before anything is written, a staging
+folder inside ``out``, and publishing with the manifest last, so an interrupted export never
+leaves a manifest pointing at half a file."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from mtad_edge.runtime.errors import MtadEdgeError
+
+FROM_TARGET = "from-target"
+Progress = Callable[[str], None]
+
+
+def check_hf_dir(path: Path, role: str) -> None:
+    if not (path / "config.json").is_file():
+        raise MtadEdgeError(f"--{role} {path}: not a Hugging Face model folder (no config.json)")
+
+
+def preflight(target: Path, aux: str, out: Path, overwrite: bool, say: Progress) -> tuple[bool, Path]:
+    """Inputs are HF folders, no export is clobbered, the tokenizers match. Returns
+    (self_draft, manifest path)."""
+    from .tokenizers import check_tokenizers
+
+    self_draft = aux == FROM_TARGET
+    check_hf_dir(target, "target")
+    if not self_draft:
+        check_hf_dir(Path(aux), "aux")
+    manifest_path = out / "manifest.json"
+    if manifest_path.exists() and not overwrite:
+        raise MtadEdgeError(f"{manifest_path} exists; pass --overwrite to replace the export")
+    if not self_draft:
+        say("checking that the tokenizers match")
+        check_tokenizers(target, Path(aux))  # before anything is written
+    return self_draft, manifest_path
+
+
+@contextmanager
+def staging(out: Path) -> Iterator[Path]:
+    """A scratch folder inside ``out`` (same filesystem, so moves are renames), always removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    stage = out / f".export-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def publish(stage: Path, out: Path, names: list[str], manifest: dict) -> Path:
+    """Move ``names`` (files or folders) from ``stage`` into ``out``, then the manifest, last."""
+    manifest_path = out / "manifest.json"
+    (stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if manifest_path.exists():
+        manifest_path.unlink()  # --overwrite: never a manifest beside files being replaced
+    for name in names:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+        os.replace(stage / name, out / name)
+    os.replace(stage / "manifest.json", manifest_path)  # last: the export is complete
+    return manifest_path
+
+
+def mark_self_draft(aux_entry: dict) -> dict:
+    aux_entry["self_draft"] = True
+    aux_entry["note"] = "no sibling model: the aux is the target quantized more strongly"
+    return aux_entry
