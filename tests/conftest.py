@@ -116,6 +116,21 @@ def smol_models(smol_files):
 
 
 
+def decode_beams(model, prompt_ids, beam_tokens):
+    """Prefill ``prompt_ids`` in sequence 0, give each beam (sequences 1..n) a copy of it, and
+    evaluate one token per beam in a single batch. Returns the logits rows, one per beam."""
+    from mtad_edge.runtime.backend import Batch
+
+    model.rollback(0, 0)
+    model.decode(Batch.run(prompt_ids, 0, logits="none"))
+    batch = Batch()
+    for s, tok in enumerate(beam_tokens, start=1):
+        model.rollback(s, 0)
+        model.copy_seq(0, s)
+        batch.add(tok, len(prompt_ids), (s,), True)
+    return np.array(model.decode(batch))
+
+
 def record_trees(monkeypatch):
     """Capture the beams of every tree MMTAD verifies, in order."""
     import mtad_edge.runtime.decoding as decoding

@@ -1,8 +1,6 @@
 """`mtad-edge export gguf` with the real converter and quantizer on offline-made HF checkpoints."""
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import assert_blocks_follow_trees, record_trees
+from conftest import assert_blocks_follow_trees, decode_beams, record_trees
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import Batch
@@ -67,14 +67,7 @@ def test_rollback_falls_back_to_reprefill_when_seq_rm_refuses(smol_files, fresh,
 def test_beams_in_one_batch_match_single_sequence_decodes(smol_models, smol_files):
     aux = smol_models.aux
     ids = chat_ids(aux, "Say hi.")
-    aux.rollback(0, 0)
-    aux.decode(Batch.run(ids, 0, logits="none"))
-    batch = Batch()
-    for s, tok in enumerate([10, 20, 30], start=1):
-        aux.rollback(s, 0)
-        aux.copy_seq(0, s)
-        batch.add(tok, len(ids), (s,), True)
-    got = np.array(aux.decode(batch))
+    got = decode_beams(aux, ids, [10, 20, 30])
     with LlamaCppBackend(smol_files.aux, LlamaCppConfig(n_ctx=256)) as ref:
         for row, tok in zip(got, [10, 20, 30]):  # a 3-row batch vs 1-row: numerics differ slightly
             np.testing.assert_allclose(row, logits_fresh(ref, ids, [tok]), rtol=0, atol=5e-2)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import decode_beams
 from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair, load_manifest, prepare
@@ -76,14 +77,7 @@ def test_rollback_then_decode_equals_fresh_decode_on_onnx(ort_models):
 def test_beams_as_batch_rows_match_single_rows(ort_models):
     a = ort_models.aux
     ids = a.tokenize("Say hi.")
-    a.rollback(0, 0)
-    a.decode(Batch.run(ids, 0, logits="none"))
-    batch = Batch()
-    for s, tok in enumerate([10, 20, 30], start=1):
-        a.rollback(s, 0)
-        a.copy_seq(0, s)
-        batch.add(tok, len(ids), (s,), True)
-    together = np.array(a.decode(batch))
+    together = decode_beams(a, ids, [10, 20, 30])
     for s, tok in enumerate([10, 20, 30], start=1):
         a.rollback(s, len(ids))
         alone = np.array(a.decode(Batch.run([tok], len(ids), seq=s)))[-1]
