@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from .backend import Batch, VocabInfo
+from .chat import render
 from .errors import ModelLoadError, MtadEdgeError
 
 
@@ -113,26 +114,25 @@ class OrtBackend:
         return int(token) in self._eog
 
     def vocab_info(self) -> VocabInfo:
-        kind = json.loads(self._tok.to_str())["model"]["type"].lower()
-        return VocabInfo(kind="bpe" if kind == "bpe" else "spm" if kind == "unigram" else kind, n_tokens=self.n_vocab,
+        model = json.loads(self._tok.to_str())["model"]
+        kind = model["type"].lower()  # SentencePiece models (Unigram, or BPE with byte fallback) are llama.cpp's "spm"
+        kind = "spm" if kind == "unigram" or (kind == "bpe" and model.get("byte_fallback")) else kind
+        return VocabInfo(kind=kind, n_tokens=self.n_vocab,
                          bos=self._special.get("bos_token", -1), eos=self._special.get("eos_token", -1),
                          add_bos=bool(self._tcfg.get("add_bos_token")),
                          text=lambda i: (self._tok.id_to_token(i) or "").encode("utf-8"))
 
     def apply_chat_template(self, messages: list[dict[str, str]], template: Optional[str] = None,
                             add_assistant: bool = True) -> str:
-        import jinja2
-
         d = self.path.parent
         tmpl = template or self._tcfg.get("chat_template")
         if not tmpl and (d / "chat_template.jinja").is_file():
             tmpl = (d / "chat_template.jinja").read_text()
         if not tmpl:
             raise ModelLoadError(f"{d} has no chat template")
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
         tok = {k: (v if isinstance(v, str) else v.get("content")) for k, v in self._tcfg.items()
                if k in ("bos_token", "eos_token") and v}
-        return env.from_string(tmpl).render(messages=messages, add_generation_prompt=add_assistant, **tok)
+        return render(tmpl, messages, add_assistant, **tok)
 
     # -- evaluation -------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> np.ndarray:

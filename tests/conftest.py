@@ -105,6 +105,21 @@ def gemma_files():
     return prepare(load_manifest("gemma3-270m"))
 
 
+def assert_rollback_equals_fresh(t, atol: float) -> None:
+    """Decode 3 tokens, roll back to keep 1, decode one more: the logits equal a fresh run's."""
+    ids = t.tokenize("Name a color.")
+    t.rollback(0, 0)
+    t.decode(Batch.run(ids, 0, logits="none"))
+    t.decode(Batch.run([100, 200, 300], len(ids), logits="none"))
+    t.rollback(0, len(ids) + 1)
+    got = np.array(t.decode(Batch.run([555], len(ids) + 1)))[-1]
+    t.rollback(0, 0)
+    t.decode(Batch.run(ids, 0, logits="none"))
+    t.decode(Batch.run([100], len(ids), logits="none"))
+    want = np.array(t.decode(Batch.run([555], len(ids) + 1)))[-1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+
+
 @pytest.fixture(scope="session")
 def smol_models(smol_files):
     """F16 target and Q4_0 aux with room for beam width 4, gamma 4, and mmtad's tree."""
@@ -182,3 +197,23 @@ def onnx_pair(hf_smol, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("onnx") / "smol-onnx"
     return export_onnx(OnnxExport(hf_smol, "from-target", out, quant="fp32", aux_quant="int4"))
+
+
+@pytest.fixture(scope="session")
+def hf_gemma(gemma_files, tmp_path_factory):
+    """Gemma 3 270M as an HF folder (float32 from the F16 GGUF, tokenizer rebuilt from the GGUF)."""
+    pytest.importorskip("transformers")
+    from hfdata import hf_from_gemma3_gguf
+
+    return hf_from_gemma3_gguf(gemma_files.target, tmp_path_factory.mktemp("hf") / "gemma3")
+
+
+@pytest.fixture(scope="session")
+def onnx_gemma(hf_gemma, tmp_path_factory):
+    """Gemma 3 270M exported to ONNX fp32 by the export stage (an optimum export: no position_ids)."""
+    pytest.importorskip("optimum.exporters.onnx")
+    from mtad_edge.export.onnx import export_fp32
+
+    out = tmp_path_factory.mktemp("onnx") / "gemma3"
+    export_fp32(hf_gemma, out)
+    return out

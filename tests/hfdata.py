@@ -46,6 +46,60 @@ def hf_from_smollm2_gguf(gguf_dir: Path, gguf_name: str, out: Path) -> Path:
     return out
 
 
+def gemma3_tokenizer_json(gguf_path: Path) -> dict:
+    """Gemma 3's SentencePiece-BPE tokenizer rebuilt from GGUF metadata as a ``tokenizers`` BPE.
+
+    transformers' GGUF loader makes it a Unigram model, which segments differently from llama.cpp
+    ("Hello world" -> Hello, _w, or, ld). GGUF scores are BPE ranks (higher merges first), so the
+    merges are every split of a normal piece into two vocabulary pieces, ordered by that piece's
+    score; control tokens (type 3) become special added tokens, user-defined ones (type 4: runs of
+    newlines and spaces) plain added tokens, both matched before normalization as llama.cpp does."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+
+    def column(key):
+        f = fields[f"tokenizer.ggml.{key}"]
+        return [f.parts[i] for i in f.data]
+
+    toks = [bytes(p).decode("utf-8") for p in column("tokens")]
+    scores = [float(p[0]) for p in column("scores")]
+    types = [int(p[0]) for p in column("token_type")]
+    vocab = {t: i for i, t in enumerate(toks)}
+    merges = sorted(((-s, vocab[t[:k]], vocab[t[k:]]) for t, s, ty in zip(toks, scores, types) if ty == 1
+                     for k in range(1, len(t)) if t[:k] in vocab and t[k:] in vocab))
+    bos = toks[int(fields["tokenizer.ggml.bos_token_id"].parts[-1][0])]
+    template = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
+    return {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": ty == 3}
+                             for i, (t, ty) in enumerate(zip(toks, types)) if ty in (3, 4)],
+            "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+            "pre_tokenizer": None,
+            "post_processor": {"type": "TemplateProcessing", "single": template,
+                               "pair": template + [{"Sequence": {"id": "B", "type_id": 1}}],
+                               "special_tokens": {bos: {"id": bos, "ids": [vocab[bos]], "tokens": [bos]}}},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]},
+            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                      "vocab": vocab, "merges": [[toks[a], toks[b]] for _, a, b in merges]}}
+
+
+def hf_from_gemma3_gguf(gguf_path: Path, out: Path) -> Path:
+    """transformers' GGUF loading of Gemma 3 (float32) with the tokenizer rebuilt from the GGUF."""
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name).save_pretrained(out)
+    (out / "tokenizer.json").write_text(json.dumps(gemma3_tokenizer_json(gguf_path)))
+    special = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    (out / "special_tokens_map.json").write_text(json.dumps(special))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "GemmaTokenizerFast", "add_bos_token": True, "add_eos_token": False, **special}))
+    return out
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 

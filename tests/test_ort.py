@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import decode_beams
+from conftest import assert_rollback_equals_fresh, decode_beams
 from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair, load_manifest, prepare
@@ -60,18 +60,7 @@ def test_greedy_drafting_methods_equal_greedy_ar_on_onnx(ort_models, method):
 
 
 def test_rollback_then_decode_equals_fresh_decode_on_onnx(ort_models):
-    t = ort_models.target
-    ids = t.tokenize("Name a color.")
-    t.rollback(0, 0)
-    t.decode(Batch.run(ids, 0, logits="none"))
-    t.decode(Batch.run([100, 200, 300], len(ids), logits="none"))
-    t.rollback(0, len(ids) + 1)
-    got = np.array(t.decode(Batch.run([555], len(ids) + 1)))[-1]
-    t.rollback(0, 0)
-    t.decode(Batch.run(ids, 0, logits="none"))
-    t.decode(Batch.run([100], len(ids), logits="none"))
-    want = np.array(t.decode(Batch.run([555], len(ids) + 1)))[-1]
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    assert_rollback_equals_fresh(ort_models.target, atol=1e-4)
 
 
 def test_beams_as_batch_rows_match_single_rows(ort_models):
