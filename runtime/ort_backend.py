@@ -2,9 +2,10 @@
 
 Inputs ``input_ids``, ``attention_mask``, ``position_ids`` (when the export has it; Gemma 3 has
 not) and ``past_key_values.N.key/value``; outputs ``logits`` and ``present.N.*``. Each sequence
-keeps its own KV arrays (1, kv_heads, T, head_dim); onnxruntime returns fresh arrays every run,
-so rolling back is slicing and copying a sequence shares references. Sequences that get the same
-number of new tokens on the same past length (draft beams) run together as batch rows.
+keeps its own KV tensors (1, kv_heads, T, head_dim), on the host or on the device (ort_kv.py);
+onnxruntime returns fresh tensors every run, so rolling back is a cut and copying a sequence
+shares references. Sequences that get the same number of new tokens on the same past length
+(draft beams) run together as batch rows.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .backend import Batch, VocabInfo
 from .chat import render
+from .ort_kv import DeviceKV, HostKV
 from .errors import ModelLoadError, MtadEdgeError
 
 
@@ -28,6 +30,10 @@ class OrtConfig:
     n_seq_max: int = 1
     n_threads: Optional[int] = None
     provider: str = "auto"  # auto | cpu | cuda
+    io_binding: Optional[bool] = None  # keep KV caches on the device; None = when the provider is CUDA
+    # Idle worker threads spin-wait for the next run: faster for one model alone, but when a
+    # target and an aux alternate each one's spinning slows the other (sd/mtad +20 % without).
+    spin: bool = True
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -56,6 +62,7 @@ class OrtBackend:
         opts = ort.SessionOptions()
         if config.n_threads:
             opts.intra_op_num_threads = config.n_threads
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
         available = ort.get_available_providers()
         providers = ["CPUExecutionProvider"]
         if config.provider in ("auto", "cuda") and "CUDAExecutionProvider" in available:
@@ -70,10 +77,19 @@ class OrtBackend:
         cfg = json.loads((d / "config.json").read_text())
         tcfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
         self._tcfg = tcfg
-        self._inputs = {i.name for i in self._sess.get_inputs()}
-        self._layers = sum(1 for n in self._inputs if n.startswith("past_key_values.") and n.endswith(".key"))
-        self._kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-        self._head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        inputs = self._sess.get_inputs()
+        self._inputs = {i.name for i in inputs}
+        past = [i for i in inputs if i.name.startswith("past_key_values.")]
+        shape = (cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+                 cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
+        on_device = config.io_binding if config.io_binding is not None else providers[0] != "CPUExecutionProvider"
+        if on_device:
+            device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
+            self._store = DeviceKV(self._sess, [i.name for i in past], shape, dtype, device, providers)
+        else:
+            self._store = HostKV(self._sess, [i.name for i in past], shape, dtype)
+        self.provider, self.io_binding = providers[0], on_device
         self.n_ctx, self.n_seq_max = config.n_ctx, config.n_seq_max
         self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
         self._special = {t: self._tok.token_to_id(v if isinstance(v, str) else v.get("content"))
@@ -165,14 +181,10 @@ class OrtBackend:
                 "attention_mask": np.ones((b, past + n), dtype=np.int64)}
         if "position_ids" in self._inputs:
             feed["position_ids"] = np.tile(np.arange(past, past + n, dtype=np.int64), (b, 1))
-        empty = np.zeros((1, self._kv_heads, 0, self._head_dim), np.float32)
-        for layer in range(2 * self._layers):
-            caches = [self._kv.get(s, [empty] * (2 * self._layers))[layer] for s in seqs]
-            name = f"past_key_values.{layer // 2}.{'key' if layer % 2 == 0 else 'value'}"
-            feed[name] = caches[0] if b == 1 else np.concatenate(caches, axis=0)
-        logits, *presents = self._sess.run(None, feed)
+        kv = self._store.batch([self._kv.get(s) or self._store.empty() for s in seqs])
+        logits, presents = self._store.run(feed, kv)
         for k, s in enumerate(seqs):
-            self._kv[s] = [p[k:k + 1] for p in presents]
+            self._kv[s] = self._store.row(presents, k, b)
         return logits
 
     def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -185,8 +197,12 @@ class OrtBackend:
         if kv is None:
             return
         own = self._kv.get(dst)
-        self._kv[dst] = [kv[i][:, :, lo:hi] if lo == 0 or own is None else
-                         np.concatenate([own[i][:, :, :lo], kv[i][:, :, lo:hi]], axis=2) for i in range(len(kv))]
+        if lo == 0 and hi == len(hist):
+            self._kv[dst] = kv  # whole caches are never written in place: share them
+        elif lo == 0 or own is None:
+            self._kv[dst] = self._store.cut(kv, 0, hi)
+        else:
+            self._kv[dst] = self._store.join(self._store.cut(own, 0, lo), self._store.cut(kv, lo, hi))
 
     def rollback(self, seq: int, n_keep: int) -> None:
         hist = self._hist.get(seq, [])
@@ -194,11 +210,11 @@ class OrtBackend:
             return
         del hist[n_keep:]
         if seq in self._kv:
-            self._kv[seq] = [a[:, :, :n_keep] for a in self._kv[seq]]
+            self._kv[seq] = self._store.cut(self._kv[seq], 0, n_keep) if n_keep else self._store.empty()
 
     def close(self) -> None:
         self._kv.clear()
-        self._sess = None
+        self._sess = self._store = None
 
     def __enter__(self) -> "OrtBackend":
         return self

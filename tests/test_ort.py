@@ -12,6 +12,7 @@ from mtad_edge.pairs import Pair, load_manifest, prepare
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.compat import check_pair
 from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens
+from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 from mtad_edge.runtime.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
@@ -100,3 +101,25 @@ def test_cli_generate_with_an_onnx_manifest(onnx_pair):
     assert json.loads(r.stdout)["stats"]["method"] == "mtad"
     r = CliRunner().invoke(cli, ["generate", "--manifest", str(onnx_pair), "--backend", "llama.cpp", "hi"])
     assert r.exit_code == 1 and "cannot run" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def ort_on_device(onnx_pair, ort_models):
+    """The same pair with caches kept as OrtValues through IO binding: the CUDA code path
+    (helper graphs for cuts, joins and batch rows), here on the CPU provider."""
+    d = onnx_pair.parent
+    with OrtBackend(d / "target", OrtConfig(n_ctx=512, n_seq_max=ort_models.target.n_seq_max, io_binding=True)) as t, \
+            OrtBackend(d / "aux", OrtConfig(n_ctx=512, n_seq_max=ort_models.aux.n_seq_max, io_binding=True)) as a:
+        yield t, a
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "mtad", "mmtad"])
+def test_caches_on_device_decode_exactly_as_host_caches(ort_models, ort_on_device, method):
+    t, a = ort_on_device
+    assert t.io_binding and not ort_models.target.io_binding
+    ids = t.tokenize("Once upon a time, in a small village by the sea, there lived an old fisherman who")
+    cfg = DecodeConfig(method, 32, seed=5)
+    host, hs = generate_tokens(ort_models.target, None if method == "ar" else ort_models.aux, ids, cfg)
+    dev, ds = generate_tokens(t, None if method == "ar" else a, ids, cfg)
+    assert dev == host and (ds.accepted, ds.drafted) == (hs.accepted, hs.drafted)
+    assert_rollback_equals_fresh(t, atol=1e-4)
