@@ -49,10 +49,21 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
+def _require_onnx_runtime():
+    try:
+        import jinja2  # noqa: F401  (chat templates)
+        import onnx  # noqa: F401  (the cache graphs of DeviceKV)
+        import onnxruntime
+        import tokenizers
+    except ImportError as e:
+        raise ModelLoadError(f"the ONNX Runtime backend needs {e.name or 'onnxruntime'}: "
+                             "pip install 'mtad-edge[onnx]' (or 'mtad-edge[onnx-gpu]' for CUDA)") from None
+    return onnxruntime, tokenizers.Tokenizer
+
+
 class OrtBackend:
     def __init__(self, model_dir: str | os.PathLike, config: OrtConfig = OrtConfig()):
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
+        ort, Tokenizer = _require_onnx_runtime()
 
         d = Path(model_dir)
         self.path = d / "model.onnx" if d.is_dir() else d

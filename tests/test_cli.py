@@ -46,6 +46,14 @@ def test_unknown_pair_is_a_one_line_error():
     assert r.exit_code == 1 and r.output.startswith("Error: unknown pair")
 
 
+def test_onnx_model_without_onnxruntime_installed_is_a_one_line_error(tmp_path, monkeypatch):
+    (tmp_path / "model.onnx").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if the [onnx] extra were missing
+    r = invoke("generate", "hi", "--target", str(tmp_path), "--method", "ar")
+    assert r.exit_code == 1 and r.output.count("\n") == 1
+    assert r.output.startswith("Error: the ONNX Runtime backend needs onnxruntime: pip install 'mtad-edge[onnx]'")
+
+
 @pytest.mark.slow
 def test_generate_json_is_one_object_with_text_tokens_stats(smol_files):
     r = CliRunner().invoke(cli, ["generate", "--json", "--method", "mtad", "--max-tokens", "12", "--seed", "1",
