@@ -34,14 +34,14 @@ def _backend_for(path: Path, requested: str) -> str:
     return kind
 
 
-def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, alone: bool = True):
-    """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX. ``alone``:
-    no other model alternates with this one (ONNX Runtime threads may then spin-wait)."""
+def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True):
+    """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX. ``spin``:
+    ONNX Runtime's idle threads may spin-wait (off for an aux, see OrtConfig.spin)."""
     if _backend_for(path, opts.backend) == "onnx":
         from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
         return OrtBackend(path, OrtConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.n_threads,
-                                          provider=opts.provider, spin=alone))
+                                          provider=opts.provider, spin=spin))
     from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
     return LlamaCppBackend(path, LlamaCppConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.n_threads,
@@ -90,13 +90,13 @@ def open_pair(pair: Pair, cfg: DecodeConfig, opts: ModelOptions = ModelOptions()
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
     tree = cfg.method == "mmtad"  # the target then verifies w beams as w sequences at once
     target = load_backend(Path(pair.target), n_ctx + (cfg.lookahead - cfg.gamma - 1 if tree else 0),
-                          cfg.width + 1 if tree else 1, opts, alone=cfg.method == "ar")
+                          cfg.width + 1 if tree else 1, opts)
     if cfg.method == "ar":
         return LoadedPair(target, None, pair)
     slots = beam_slots(cfg.width)
     try:
         # Beams add up to 2w(gamma-1) cells beside the committed text in the unified cache.
-        aux = load_backend(Path(pair.aux), n_ctx + slots * cfg.gamma, slots, opts, alone=False)
+        aux = load_backend(Path(pair.aux), n_ctx + slots * cfg.gamma, slots, opts, spin=False)
     except Exception:
         target.close()
         raise

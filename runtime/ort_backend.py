@@ -31,8 +31,9 @@ class OrtConfig:
     n_threads: Optional[int] = None
     provider: str = "auto"  # auto | cpu | cuda
     io_binding: Optional[bool] = None  # keep KV caches on the device; None = when the provider is CUDA
-    # Idle worker threads spin-wait for the next run: faster for one model alone, but when a
-    # target and an aux alternate each one's spinning slows the other (sd/mtad +20 % without).
+    # Idle worker threads spin-wait for the next run. An aux's spinning steals the cores from the
+    # target's verify (SmolLM2, 2 cores: sd 15 -> 23 tok/s with the aux not spinning; the target
+    # keeps spinning, which is worth +25 % to ar). The loader turns it off for auxes.
     spin: bool = True
 
 
@@ -74,9 +75,8 @@ class OrtBackend:
         if config.n_threads:
             opts.intra_op_num_threads = config.n_threads
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
-        available = ort.get_available_providers()
         providers = ["CPUExecutionProvider"]
-        if config.provider in ("auto", "cuda") and "CUDAExecutionProvider" in available:
+        if config.provider in ("auto", "cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
         elif config.provider == "cuda":
             raise ModelLoadError("--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
@@ -85,6 +85,9 @@ class OrtBackend:
             self._tok = Tokenizer.from_file(str(d / "tokenizer.json"))
         except Exception as e:
             raise ModelLoadError(f"onnxruntime could not load {self.path}: {str(e).splitlines()[0]}") from None
+        providers = self._sess.get_providers()  # what the session got: CUDA falls back to CPU without a GPU
+        if config.provider == "cuda" and providers[0] != "CUDAExecutionProvider":
+            raise ModelLoadError("--provider cuda: onnxruntime could not start CUDA (no GPU, or its CUDA/cuDNN libraries are missing)")
         cfg = json.loads((d / "config.json").read_text())
         tcfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
         self._tcfg = tcfg

@@ -16,6 +16,7 @@ from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 from mtad_edge.runtime.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
+HAS_CUDA = "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers()
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
 
@@ -123,3 +124,28 @@ def test_caches_on_device_decode_exactly_as_host_caches(ort_models, ort_on_devic
     dev, ds = generate_tokens(t, None if method == "ar" else a, ids, cfg)
     assert dev == host and (ds.accepted, ds.drafted) == (hs.accepted, hs.drafted)
     assert_rollback_equals_fresh(t, atol=1e-4)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this onnxruntime has CUDA")
+def test_provider_cuda_without_cuda_is_a_clear_error(onnx_pair):
+    from mtad_edge.runtime.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="--provider cuda: this onnxruntime has no CUDAExecutionProvider"):
+        OrtBackend(onnx_pair.parent / "target", OrtConfig(provider="cuda"))
+    r = CliRunner().invoke(cli, ["generate", "--manifest", str(onnx_pair), "--provider", "cuda", "hi"])
+    assert r.exit_code == 1 and r.output.startswith("Error: --provider cuda")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu and a GPU")
+@pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
+def test_cuda_keeps_caches_on_the_gpu_and_greedy_drafting_equals_greedy_ar(onnx_pair, method):
+    d = onnx_pair.parent
+    with OrtBackend(d / "target", OrtConfig(n_ctx=512, n_seq_max=5, provider="cuda")) as t, \
+            OrtBackend(d / "aux", OrtConfig(n_ctx=512, n_seq_max=9, provider="cuda")) as a:
+        assert t.provider == "CUDAExecutionProvider" and t.io_binding and a.io_binding
+        for p in PROMPTS:
+            ids = t.tokenize(p)
+            ar, _ = generate_tokens(t, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
+            out, st = generate_tokens(t, a, ids, DecodeConfig(method, 24, sampling=GREEDY))
+            assert out == ar and st.drafted > 0
+        assert_rollback_equals_fresh(t, atol=1e-3)
