@@ -36,7 +36,7 @@ def _backend_for(path: Path, requested: str) -> str:
 
 def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True):
     """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX. ``spin``:
-    ONNX Runtime's idle threads may spin-wait (off for an aux, see OrtConfig.spin)."""
+    ONNX Runtime's idle threads may spin-wait (only for a model loaded alone, see OrtConfig.spin)."""
     if _backend_for(path, opts.backend) == "onnx":
         from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
@@ -90,7 +90,7 @@ def open_pair(pair: Pair, cfg: DecodeConfig, opts: ModelOptions = ModelOptions()
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
     tree = cfg.method == "mmtad"  # the target then verifies w beams as w sequences at once
     target = load_backend(Path(pair.target), n_ctx + (cfg.lookahead - cfg.gamma - 1 if tree else 0),
-                          cfg.width + 1 if tree else 1, opts)
+                          cfg.width + 1 if tree else 1, opts, spin=cfg.method == "ar")
     if cfg.method == "ar":
         return LoadedPair(target, None, pair)
     slots = beam_slots(cfg.width)

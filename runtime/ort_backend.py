@@ -31,9 +31,10 @@ class OrtConfig:
     n_threads: Optional[int] = None
     provider: str = "auto"  # auto | cpu | cuda
     io_binding: Optional[bool] = None  # keep KV caches on the device; None = when the provider is CUDA
-    # Idle worker threads spin-wait for the next run. An aux's spinning steals the cores from the
-    # target's verify (SmolLM2, 2 cores: sd 15 -> 23 tok/s with the aux not spinning; the target
-    # keeps spinning, which is worth +25 % to ar). The loader turns it off for auxes.
+    # Idle worker threads spin-wait for the next run: +20 % for a model alone, but in a pair the
+    # spinning steals the cores the other model needs (SmolLM2 fp32 target on 2 cores, llama.cpp
+    # Q4_0 aux: sd 34.5 tok/s with the target spinning, 55.8 without). The loader spins only
+    # when it loads a target alone.
     spin: bool = True
 
 
@@ -106,6 +107,7 @@ class OrtBackend:
         self.provider, self.io_binding = providers[0], on_device
         self.n_ctx, self.n_seq_max = config.n_ctx, config.n_seq_max
         self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
+        self._chunk = max(8, (32 << 20) // self.n_vocab)  # tokens per run: 32M float logits at most
         self._special = {t: self._tok.token_to_id(v if isinstance(v, str) else v.get("content"))
                          for t in ("bos_token", "eos_token") if (v := tcfg.get(t))}
         eos = cfg.get("eos_token_id")
@@ -180,11 +182,17 @@ class OrtBackend:
             groups[(past, len(rows))].append(s)
         logits_of: dict[int, np.ndarray] = {}
         for (past, n), seqs in groups.items():
-            out = self._run(seqs, [[batch.tokens[i] for i in per_seq[s]] for s in seqs], past)
-            for s, rows in zip(seqs, out):
-                for j, i in enumerate(per_seq[s]):
-                    if batch.logits[i] and i not in logits_of:
-                        logits_of[i] = rows[j]
+            # The graph returns logits for every new token: run long inputs in chunks so that a
+            # prompt costs at most about 128 MB of logits at a time (Gemma: 262144 per token).
+            step = max(1, self._chunk // len(seqs))
+            for lo in range(0, n, step):
+                rows_of = [per_seq[s][lo:lo + step] for s in seqs]
+                out = self._run(seqs, [[batch.tokens[i] for i in rows] for rows in rows_of], past + lo)
+                for rows, logits in zip(rows_of, out):
+                    for j, i in enumerate(rows):
+                        if batch.logits[i] and i not in logits_of:
+                            logits_of[i] = logits[j].copy() if n > step else logits[j]
+            for s in seqs:
                 self._hist.setdefault(s, []).extend(batch.tokens[i] for i in per_seq[s])
         wanted = [i for i, w in enumerate(batch.logits) if w]
         return np.stack([logits_of[i] for i in wanted]) if wanted else np.empty((0, self.n_vocab), np.float32)

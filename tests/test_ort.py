@@ -65,6 +65,24 @@ def test_rollback_then_decode_equals_fresh_decode_on_onnx(ort_models):
     assert_rollback_equals_fresh(ort_models.target, atol=1e-4)
 
 
+def test_long_inputs_run_in_chunks_with_the_same_logits(ort_models, monkeypatch):
+    t = ort_models.target
+    ids = t.tokenize("Once upon a time, in a small village by the sea, there lived an old fisherman who")
+    t.rollback(0, 0)
+    whole = np.array(t.decode(Batch.run(ids, 0, logits="all")))
+    assert t._chunk >= len(ids)  # one run: 682 tokens of 49152 logits fit in the 128 MB budget
+    monkeypatch.setattr(t, "_chunk", 5)
+    t.rollback(0, 0)
+    chunked = np.array(t.decode(Batch.run(ids, 0, logits="all")))
+    np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-4)
+    nxt = int(np.argmax(chunked[-1]))
+    after = np.array(t.decode(Batch.run([nxt], len(ids))))[-1]  # the cache built in chunks continues
+    monkeypatch.undo()
+    t.rollback(0, 0)
+    t.decode(Batch.run(ids, 0, logits="none"))
+    np.testing.assert_allclose(after, np.array(t.decode(Batch.run([nxt], len(ids))))[-1], rtol=0, atol=1e-4)
+
+
 def test_beams_as_batch_rows_match_single_rows(ort_models):
     a = ort_models.aux
     ids = a.tokenize("Say hi.")
