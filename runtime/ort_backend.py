@@ -9,6 +9,7 @@ shares references. Sequences that get the same number of new tokens on the same 
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections import defaultdict
@@ -51,21 +52,18 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def _require_onnx_runtime():
+def _require(*names: str) -> list:
+    """Import the named packages of the ONNX Runtime backend, or say which extra installs them."""
     try:
-        import jinja2  # noqa: F401  (chat templates)
-        import onnx  # noqa: F401  (the cache graphs of DeviceKV)
-        import onnxruntime
-        import tokenizers
+        return [importlib.import_module(n) for n in names]
     except ImportError as e:
-        raise ModelLoadError(f"the ONNX Runtime backend needs {e.name or 'onnxruntime'}: "
+        raise ModelLoadError(f"the ONNX Runtime backend needs {e.name or names[0]}: "
                              "pip install 'mtad-edge[onnx]' (or 'mtad-edge[onnx-gpu]' for CUDA)") from None
-    return onnxruntime, tokenizers.Tokenizer
 
 
 class OrtBackend:
     def __init__(self, model_dir: str | os.PathLike, config: OrtConfig = OrtConfig()):
-        ort, Tokenizer = _require_onnx_runtime()
+        ort, tokenizers, _ = _require("onnxruntime", "tokenizers", "jinja2")  # jinja2: chat templates
 
         d = Path(model_dir)
         self.path = d / "model.onnx" if d.is_dir() else d
@@ -83,7 +81,7 @@ class OrtBackend:
             raise ModelLoadError("--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
         try:
             self._sess = ort.InferenceSession(str(self.path), opts, providers=providers)
-            self._tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+            self._tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
         except Exception as e:
             raise ModelLoadError(f"onnxruntime could not load {self.path}: {str(e).splitlines()[0]}") from None
         providers = self._sess.get_providers()  # what the session got: CUDA falls back to CPU without a GPU
@@ -100,6 +98,7 @@ class OrtBackend:
         dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
         on_device = config.io_binding if config.io_binding is not None else providers[0] != "CPUExecutionProvider"
         if on_device:
+            _require("onnx")  # builds DeviceKV's cache graphs
             device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
             self._store = DeviceKV(self._sess, [i.name for i in past], shape, dtype, device, providers)
         else:
@@ -203,10 +202,10 @@ class OrtBackend:
                 "attention_mask": np.ones((b, past + n), dtype=np.int64)}
         if "position_ids" in self._inputs:
             feed["position_ids"] = np.tile(np.arange(past, past + n, dtype=np.int64), (b, 1))
-        kv = self._store.batch([self._kv.get(s) or self._store.empty() for s in seqs])
-        logits, presents = self._store.run(feed, kv)
+        caches = [self._kv.get(s) or self._store.empty() for s in seqs]
+        logits, presents = self._store.run(feed, caches[0] if b == 1 else self._store.batch(caches))
         for k, s in enumerate(seqs):
-            self._kv[s] = self._store.row(presents, k, b)
+            self._kv[s] = presents if b == 1 else self._store.row(presents, k)
         return logits
 
     def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:

@@ -6,7 +6,7 @@ sequence's cache is the present of its last run cut to the kept length, one (1, 
 head_dim) tensor per layer and key/value. Both stores offer the same operations:
 
 - ``run``: one session run on batched caches; returns host logits and the new presents;
-- ``batch`` / ``row``: stack sequences' caches as batch rows, take one row back out;
+- ``batch`` / ``row``: stack several sequences' caches as batch rows, take one row back out;
 - ``cut``: positions [lo, hi) of a cache (rollback and copy are cuts);
 - ``join``: two caches one after the other in time.
 
@@ -38,10 +38,10 @@ class HostKV:
         return logits, presents
 
     def batch(self, caches: list[KV]) -> KV:
-        return caches[0] if len(caches) == 1 else [np.concatenate(layer, axis=0) for layer in zip(*caches)]
+        return [np.concatenate(layer, axis=0) for layer in zip(*caches)]
 
-    def row(self, kv: KV, k: int, n_rows: int) -> KV:
-        return kv if n_rows == 1 else [a[k:k + 1] for a in kv]
+    def row(self, kv: KV, k: int) -> KV:
+        return [a[k:k + 1] for a in kv]
 
     def cut(self, kv: KV, lo: int, hi: int) -> KV:
         return [a[:, :, lo:hi] for a in kv]
@@ -71,7 +71,7 @@ class DeviceKV:
     def run(self, feed: dict[str, np.ndarray], past: KV) -> tuple[np.ndarray, KV]:
         io = self._sess.io_binding()
         for name, value in feed.items():
-            io.bind_cpu_input(name, np.ascontiguousarray(value))
+            io.bind_cpu_input(name, value)
         for name, value in zip(self._past, past):
             io.bind_ortvalue_input(name, value)
         io.bind_output(self._outputs[0], "cpu")  # logits go to the host for sampling
@@ -82,12 +82,10 @@ class DeviceKV:
         return logits.numpy(), presents
 
     def batch(self, caches: list[KV]) -> KV:
-        if len(caches) == 1:
-            return caches[0]
         return self._apply(("concat", 0, len(caches)), [v for layer in zip(*caches) for v in layer])
 
-    def row(self, kv: KV, k: int, n_rows: int) -> KV:
-        return kv if n_rows == 1 else self._slice(kv, k, k + 1, 0)
+    def row(self, kv: KV, k: int) -> KV:
+        return self._slice(kv, k, k + 1, 0)
 
     def cut(self, kv: KV, lo: int, hi: int) -> KV:
         return self._slice(kv, lo, hi, 2)
