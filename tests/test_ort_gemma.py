@@ -2,16 +2,13 @@
 262144 tokens, and mixed pairs with the llama.cpp Q4_K_M aux."""
 import pytest
 
-from conftest import assert_rollback_equals_fresh
+from conftest import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, greedy_agreement
 
 from mtad_edge.runtime.compat import check_pair
-from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens
 from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
-from mtad_edge.runtime.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
-GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
 
 
@@ -41,22 +38,7 @@ def test_export_has_no_position_ids_and_tokenizes_like_llama_cpp(onnx_gemma, gem
 
 
 def test_greedy_ar_agrees_with_hf_and_llama_cpp_f16(gemma_onnx, gemma_cpp, hf_gemma):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    f16, _ = gemma_cpp
-    hf = AutoModelForCausalLM.from_pretrained(str(hf_gemma), dtype=torch.float32).eval()
-    agree, total = {"hf": 0, "llama.cpp F16": 0}, 0
-    for p in PROMPTS:
-        ids = gemma_onnx.tokenize(p)
-        ours, _ = generate_tokens(gemma_onnx, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
-        cpp, _ = generate_tokens(f16, None, ids, DecodeConfig("ar", 24, sampling=GREEDY))
-        for key, other in (("hf", ref), ("llama.cpp F16", cpp)):
-            agree[key] += next((i for i, (a, b) in enumerate(zip(ours, other)) if a != b), min(len(ours), len(other)))
-        total += len(ours)
+    agree, total = greedy_agreement(gemma_onnx, hf_gemma, gemma_cpp[0], PROMPTS)
     print(f"Gemma 3 ONNX fp32 greedy agreement over {total} tokens: {agree}")
     assert agree["hf"] / total >= 0.95 and agree["llama.cpp F16"] / total >= 0.9
 
@@ -65,11 +47,7 @@ def test_greedy_ar_agrees_with_hf_and_llama_cpp_f16(gemma_onnx, gemma_cpp, hf_ge
 def test_mixed_pair_onnx_target_llama_cpp_aux_greedy_equals_ar(gemma_onnx, gemma_cpp, method):
     _, q4 = gemma_cpp
     check_pair(gemma_onnx, q4)
-    for p in PROMPTS:
-        ids = gemma_onnx.tokenize(p)
-        ar, _ = generate_tokens(gemma_onnx, None, ids, DecodeConfig("ar", 16, sampling=GREEDY))
-        out, st = generate_tokens(gemma_onnx, q4, ids, DecodeConfig(method, 16, sampling=GREEDY))
-        assert out == ar and st.accepted > 0
+    assert all(st.accepted > 0 for st in assert_drafting_equals_greedy_ar(gemma_onnx, q4, method, PROMPTS, 16))
 
 
 def test_rollback_then_decode_equals_fresh_decode_without_position_ids(gemma_onnx):
