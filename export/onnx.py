@@ -4,6 +4,7 @@ Each model becomes a folder (``model.onnx`` + its tokenizer files) exported with
 ``text-generation-with-past`` task, then weight-only 4-bit (``MatMulNBitsQuantizer``), dynamic
 int8, fp16 or left fp32. Staging and the manifest-last rule are the same as for GGUF.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -61,8 +62,9 @@ def quantize_onnx(src: Path, dest: Path, quant: str, block_size: int, accuracy_l
     elif quant == "int4":
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        q = MatMulNBitsQuantizer(onnx.load(str(model_in)), block_size=block_size, is_symmetric=True,
-                                 accuracy_level=accuracy_level)
+        q = MatMulNBitsQuantizer(
+            onnx.load(str(model_in)), block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level
+        )
         q.process()
         q.model.save_model_to_file(str(model_out), use_external_data_format=False)
     elif quant == "fp16":
@@ -96,8 +98,11 @@ def export_onnx(job: OnnxExport, say: Progress = lambda s: None) -> Path:
 
 def _manifest(job: OnnxExport, stage: Path, self_draft: bool) -> dict:
     def variant(role: str, quant: str) -> dict:
-        v = {"file": f"{role}/model.onnx", "sha256": sha256_file(stage / role / "model.onnx"),
-             "derive": {"tool": "optimum-onnx text-generation-with-past + onnxruntime.quantization", "quant": quant}}
+        v = {
+            "file": f"{role}/model.onnx",
+            "sha256": sha256_file(stage / role / "model.onnx"),
+            "derive": {"tool": "optimum-onnx text-generation-with-past + onnxruntime.quantization", "quant": quant},
+        }
         if quant == "int4":
             v["derive"].update(block_size=job.block_size, accuracy_level=job.accuracy_level)
         return v
@@ -105,8 +110,14 @@ def _manifest(job: OnnxExport, stage: Path, self_draft: bool) -> dict:
     aux = variant("aux", job.aux_quant)
     if self_draft:
         mark_self_draft(aux)
-    return {"schema": 1, "name": job.name or job.out.name, "format": "onnx",
-            "description": f"ONNX export of {job.target} (target) and {job.aux} (aux)",
-            "context_size": job.context_size, "chat_template": {"source": "tokenizer_config"},
-            "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
-            "target": variant("target", job.quant), "aux": aux}
+    return {
+        "schema": 1,
+        "name": job.name or job.out.name,
+        "format": "onnx",
+        "description": f"ONNX export of {job.target} (target) and {job.aux} (aux)",
+        "context_size": job.context_size,
+        "chat_template": {"source": "tokenizer_config"},
+        "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
+        "target": variant("target", job.quant),
+        "aux": aux,
+    }

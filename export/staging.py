@@ -1,6 +1,7 @@
 """What every export does around its conversion: checks before anything is written, a staging
 folder inside ``out``, and publishing with the manifest last, so an interrupted export never
 leaves a manifest pointing at half a file."""
+
 from __future__ import annotations
 
 import json

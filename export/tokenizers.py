@@ -1,4 +1,5 @@
 """Are two Hugging Face tokenizers interchangeable for drafting? Checked before anything is written."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,11 +27,13 @@ def check_tokenizers(target_dir: Path, aux_dir: Path) -> int:
         raise IncompatiblePairError(f"tokenizers differ: vocabulary size {len(tv)} (target) vs {len(av)} (aux)")
     for name in SPECIAL:
         if getattr(t, name, None) != getattr(a, name, None):
-            raise IncompatiblePairError(f"tokenizers differ: {name} {getattr(t, name, None)!r} (target) vs "
-                                        f"{getattr(a, name, None)!r} (aux)")
+            raise IncompatiblePairError(
+                f"tokenizers differ: {name} {getattr(t, name, None)!r} (target) vs {getattr(a, name, None)!r} (aux)"
+            )
     t_ids, a_ids = {i: s for s, i in tv.items()}, {i: s for s, i in av.items()}
     for i in range(len(tv)):
         if t_ids.get(i) != a_ids.get(i):
-            raise IncompatiblePairError(f"tokenizers differ: token {i} is {t_ids.get(i)!r} (target) vs "
-                                        f"{a_ids.get(i)!r} (aux)")
+            raise IncompatiblePairError(
+                f"tokenizers differ: token {i} is {t_ids.get(i)!r} (target) vs {a_ids.get(i)!r} (aux)"
+            )
     return len(tv)

@@ -2,6 +2,7 @@
 
 ``from mtad_edge import Engine`` gives the embeddable API (see mtad_edge.engine).
 """
+
 __version__ = "0.1.0"
 __all__ = ["Engine", "Response"]
 

@@ -10,6 +10,7 @@
 One request runs at a time per engine (others wait on a lock); a response holds the lock while
 it is being iterated, so finish it (iterate to the end, ``.text()``) or ``close()`` it.
 """
+
 from __future__ import annotations
 
 import threading
@@ -37,7 +38,7 @@ class StopText:
             out, self.buf = self.buf[: min(hits)], ""
             return out, True
         hold = max((k for s in self.stops for k in range(1, len(s)) if self.buf.endswith(s[:k])), default=0)
-        out, self.buf = self.buf[: len(self.buf) - hold], self.buf[len(self.buf) - hold:]
+        out, self.buf = self.buf[: len(self.buf) - hold], self.buf[len(self.buf) - hold :]
         return out, False
 
     def flush(self) -> str:
@@ -125,10 +126,24 @@ class Engine:
         self._kv = KVState()
 
     @classmethod
-    def load(cls, pair: Optional[str] = None, *, target: Optional[str] = None, aux: Optional[str] = None,
-             manifest: Optional[str] = None, backend: str = "auto", provider: str = "auto", method: str = "mtad",
-             gamma: int = 4, beam_width: int = 4, n_ctx: Optional[int] = None, threads: Optional[int] = None,
-             n_gpu_layers: Optional[int] = None, flash_attn: Optional[bool] = None, **defaults: Any) -> "Engine":
+    def load(
+        cls,
+        pair: Optional[str] = None,
+        *,
+        target: Optional[str] = None,
+        aux: Optional[str] = None,
+        manifest: Optional[str] = None,
+        backend: str = "auto",
+        provider: str = "auto",
+        method: str = "mtad",
+        gamma: int = 4,
+        beam_width: int = 4,
+        n_ctx: Optional[int] = None,
+        threads: Optional[int] = None,
+        n_gpu_layers: Optional[int] = None,
+        flash_attn: Optional[bool] = None,
+        **defaults: Any,
+    ) -> "Engine":
         """Load a named pair / manifest, or ``target`` (+ ``aux``) model files: GGUF files run on
         llama.cpp, ONNX model folders on ONNX Runtime (``backend`` forces one). ``gamma`` and
         ``beam_width`` are also the most a request may ask for; other keyword arguments become
@@ -136,8 +151,18 @@ class Engine:
         base = _config(DecodeConfig(method=method, gamma=gamma, beam_width=beam_width), defaults)
         paths = resolve(pair or manifest, target, aux)
         sizing = DecodeConfig(method="mmtad" if paths.aux else "ar", gamma=gamma, beam_width=beam_width)
-        models = open_pair(paths, sizing, ModelOptions(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                                                       flash_attn=flash_attn, backend=backend, provider=provider))
+        models = open_pair(
+            paths,
+            sizing,
+            ModelOptions(
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_gpu_layers=n_gpu_layers,
+                flash_attn=flash_attn,
+                backend=backend,
+                provider=provider,
+            ),
+        )
         return cls(models, base)
 
     def generate(self, prompt: str, *, stop: Sequence[str] = (), **options: Any) -> Response:
@@ -180,8 +205,10 @@ class Engine:
         if cfg.method != "ar" and self._require_open().aux is None:
             raise ValueError(f"method {cfg.method} needs an auxiliary model; this engine has only a target")
         if cfg.gamma > self._defaults.gamma or cfg.beam_width > self._defaults.beam_width:
-            raise ValueError(f"this engine was loaded for gamma <= {self._defaults.gamma} and "
-                             f"beam_width <= {self._defaults.beam_width}")
+            raise ValueError(
+                f"this engine was loaded for gamma <= {self._defaults.gamma} and "
+                f"beam_width <= {self._defaults.beam_width}"
+            )
         return cfg
 
 

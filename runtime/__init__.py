@@ -2,12 +2,24 @@
 
 Heavy backends are imported lazily: ``from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend``.
 """
+
 from .backend import Backend, Batch, VocabInfo
 from .decoding import METHODS, DecodeConfig, Generation, Stats, generate_tokens
 from .errors import ContextOverflowError, IncompatiblePairError, ModelLoadError, MtadEdgeError
 from .sampling import SamplingConfig
 
 __all__ = [
-    "Backend", "Batch", "VocabInfo", "METHODS", "DecodeConfig", "Generation", "Stats", "generate_tokens",
-    "ContextOverflowError", "IncompatiblePairError", "ModelLoadError", "MtadEdgeError", "SamplingConfig",
+    "Backend",
+    "Batch",
+    "VocabInfo",
+    "METHODS",
+    "DecodeConfig",
+    "Generation",
+    "Stats",
+    "generate_tokens",
+    "ContextOverflowError",
+    "IncompatiblePairError",
+    "ModelLoadError",
+    "MtadEdgeError",
+    "SamplingConfig",
 ]

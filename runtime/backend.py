@@ -3,6 +3,7 @@
 A backend owns one model and one KV cache holding several sequences (seq ids 0..n_seq_max-1).
 The cache is indexed by position, so rolling back is bookkeeping: drop positions >= n.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

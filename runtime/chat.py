@@ -4,21 +4,26 @@ A template is jinja text, as Hugging Face tokenizers carry it, or the name of on
 built-in formats that manifests use (``"chat_template": {"source": "builtin", "name": "gemma"}``),
 written here in jinja so both backends render the same prompt text.
 """
+
 from __future__ import annotations
 
 from .errors import ModelLoadError
 
 BUILTIN = {
-    "chatml": ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
-               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+    "chatml": (
+        "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    ),
     # Gemma has no system turn: llama.cpp merges system text into the next user turn.
-    "gemma": ("{% set ns = namespace(system='') %}{% for m in messages %}"
-              "{% if m.role == 'system' %}{% set ns.system = ns.system + m.content | trim %}"
-              "{% else %}{% set role = 'model' if m.role == 'assistant' else m.role %}"
-              "{{ '<start_of_turn>' + role + '\\n' }}"
-              "{% if ns.system and role != 'model' %}{{ ns.system + '\\n\\n' }}{% set ns.system = '' %}{% endif %}"
-              "{{ m.content | trim + '<end_of_turn>\\n' }}{% endif %}{% endfor %}"
-              "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"),
+    "gemma": (
+        "{% set ns = namespace(system='') %}{% for m in messages %}"
+        "{% if m.role == 'system' %}{% set ns.system = ns.system + m.content | trim %}"
+        "{% else %}{% set role = 'model' if m.role == 'assistant' else m.role %}"
+        "{{ '<start_of_turn>' + role + '\\n' }}"
+        "{% if ns.system and role != 'model' %}{{ ns.system + '\\n\\n' }}{% set ns.system = '' %}{% endif %}"
+        "{{ m.content | trim + '<end_of_turn>\\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+    ),
 }
 
 

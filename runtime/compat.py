@@ -1,4 +1,5 @@
 """Can this auxiliary model draft for this target? Both must speak the same vocabulary."""
+
 from __future__ import annotations
 
 from .backend import Backend
@@ -13,9 +14,13 @@ def check_pair(target: Backend, aux: Backend, target_name: str = "target", aux_n
     """
     t, a = target.vocab_info(), aux.vocab_info()
     pair = f"{target_name} and {aux_name} cannot be paired"
-    for what, tv, av in (("vocabulary type", t.kind, a.kind), ("vocabulary size", t.n_tokens, a.n_tokens),
-                         ("BOS token", t.bos, a.bos), ("EOS token", t.eos, a.eos),
-                         ("add-BOS flag", t.add_bos, a.add_bos)):
+    for what, tv, av in (
+        ("vocabulary type", t.kind, a.kind),
+        ("vocabulary size", t.n_tokens, a.n_tokens),
+        ("BOS token", t.bos, a.bos),
+        ("EOS token", t.eos, a.eos),
+        ("add-BOS flag", t.add_bos, a.add_bos),
+    ):
         if tv != av:
             raise IncompatiblePairError(f"{pair}: {what} differs ({tv!r} vs {av!r})")
     for i in range(t.n_tokens):

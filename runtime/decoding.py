@@ -4,6 +4,7 @@ Invariant (gpt-fast style): ``tokens`` is the committed text; the target's seque
 of it but the last token, which is "pending" and fed at the next step together with any draft.
 Each step returns the tokens it commits; rolling back is cutting the KV cache by position.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -103,12 +104,15 @@ class Stats:
     def summary(self) -> str:
         def fmt(v, spec):
             return "n/a" if v is None else format(v, spec)
-        return (f"{self.method}: {self.generated} tokens, {fmt(self.tokens_per_s, '.1f')} tok/s, "
-                f"prompt {self.prompt_tokens} ({self.cached_tokens} cached), "
-                f"{self.target_calls} target calls, block efficiency {fmt(self.block_efficiency, '.2f')}, "
-                f"acceptance {fmt(self.acceptance_rate, '.1%')} ({self.accepted}/{self.drafted}), "
-                f"draft {self.draft_s:.2f}s verify {self.verify_s:.2f}s other {self.other_s:.2f}s, "
-                f"finish {self.finish_reason}")
+
+        return (
+            f"{self.method}: {self.generated} tokens, {fmt(self.tokens_per_s, '.1f')} tok/s, "
+            f"prompt {self.prompt_tokens} ({self.cached_tokens} cached), "
+            f"{self.target_calls} target calls, block efficiency {fmt(self.block_efficiency, '.2f')}, "
+            f"acceptance {fmt(self.acceptance_rate, '.1%')} ({self.accepted}/{self.drafted}), "
+            f"draft {self.draft_s:.2f}s verify {self.verify_s:.2f}s other {self.other_s:.2f}s, "
+            f"finish {self.finish_reason}"
+        )
 
 
 @dataclass
@@ -136,8 +140,14 @@ class Generation:
     """A lazy run: iterate for blocks of new token ids; ``stats`` is complete after the last one.
     With ``kv`` the caches keep the longest prefix shared with the previous run."""
 
-    def __init__(self, target: Backend, aux: Optional[Backend], prompt: list[int], cfg: DecodeConfig,
-                 kv: Optional[KVState] = None):
+    def __init__(
+        self,
+        target: Backend,
+        aux: Optional[Backend],
+        prompt: list[int],
+        cfg: DecodeConfig,
+        kv: Optional[KVState] = None,
+    ):
         if not prompt:
             raise ValueError("the prompt must contain at least one token")
         self.n_ctx = min(m.n_ctx for m in (target, aux) if m is not None)
@@ -145,7 +155,8 @@ class Generation:
         if len(prompt) > room:
             raise ContextOverflowError(
                 f"prompt has {len(prompt)} tokens but the context holds {room} "
-                f"(n_ctx minus {cfg.lookahead} for decoding); shorten it or raise --ctx-size")
+                f"(n_ctx minus {cfg.lookahead} for decoding); shorten it or raise --ctx-size"
+            )
         if cfg.method != "ar" and aux is None:
             raise ValueError(f"method {cfg.method} needs an auxiliary model")
         if cfg.method == "mmtad" and target.n_seq_max < cfg.width + 1:
@@ -164,7 +175,9 @@ class Generation:
     def __iter__(self) -> Iterator[list[int]]:
         st, cfg = self.stats, self.cfg
         t0 = time.perf_counter()
-        step = {"ar": self._ar_step, "sd": self._sd_step, "mtad": self._mtad_step, "mmtad": self._mmtad_step}[cfg.method]
+        step = {"ar": self._ar_step, "sd": self._sd_step, "mtad": self._mtad_step, "mmtad": self._mmtad_step}[
+            cfg.method
+        ]
         consistent = False  # the caches match the bookkeeping only between steps
         try:
             self._prefill(self.kv or KVState())
@@ -300,7 +313,7 @@ class Generation:
         for s in range(1, n + 1):
             self.target.rollback(s, 0)
             self.target.copy_seq(0, s)
-        pending = self.tokens[self.tgt.n_kv:]
+        pending = self.tokens[self.tgt.n_kv :]
         batch = Batch()
         for i, tok in enumerate(pending):
             batch.add(tok, self.tgt.n_kv + i, range(n + 1), i == len(pending) - 1)
@@ -314,7 +327,9 @@ class Generation:
         return p
 
 
-def generate_tokens(target: Backend, aux: Optional[Backend], prompt: list[int], cfg: DecodeConfig) -> tuple[list[int], Stats]:
+def generate_tokens(
+    target: Backend, aux: Optional[Backend], prompt: list[int], cfg: DecodeConfig
+) -> tuple[list[int], Stats]:
     """Run to the end; return (generated token ids, stats)."""
     gen = Generation(target, aux, prompt, cfg)
     out = [t for block in gen for t in block]

@@ -9,6 +9,7 @@ two, which are "pending" and fed at the next propose). Beams live in sequences 1
 w+1..2w, used alternately: a new beam is a fresh copy of its parent's sequence plus one token.
 With a unified KV cache a copy only tags cells with another seq id.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class Cursor:
 
     def feed(self, tokens: list[int], extra=(), logits: str = "last") -> np.ndarray:
         """Evaluate the pending committed tokens plus ``extra`` in sequence 0."""
-        run = tokens[self.n_kv:] + [int(t) for t in extra]
+        run = tokens[self.n_kv :] + [int(t) for t in extra]
         out = self.model.decode(Batch.run(run, self.n_kv, 0, logits))
         self.n_kv += len(run)
         return out
@@ -66,8 +67,9 @@ class BeamDrafter:
     greedy distribution is degenerate.
     """
 
-    def __init__(self, aux: Backend, sampling: SamplingConfig, width: int, rng: np.random.Generator,
-                 keep_rows: bool = False):
+    def __init__(
+        self, aux: Backend, sampling: SamplingConfig, width: int, rng: np.random.Generator, keep_rows: bool = False
+    ):
         if aux.n_seq_max < beam_slots(width):
             raise ValueError(f"aux context has {aux.n_seq_max} sequences, beam width {width} needs {beam_slots(width)}")
         self.aux, self.width, self.rng, self.keep_rows = aux, width, rng, keep_rows
@@ -113,8 +115,9 @@ class BeamDrafter:
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
         self._seqs, self._best, self._cached = seqs, best, gamma - 1  # each holds x_1..x_{gamma-1}
-        return Draft(beam_tok[best], beam_logq[best], None if beam_rows is None else beam_rows[best],
-                     beam_tok, beam_logq, best)
+        return Draft(
+            beam_tok[best], beam_logq[best], None if beam_rows is None else beam_rows[best], beam_tok, beam_logq, best
+        )
 
     def commit(self, tokens: list[int], k: int, beam: Optional[int] = None) -> None:
         """``tokens`` (committed) now end with x_1..x_k of the last draft's ``beam`` (default: the

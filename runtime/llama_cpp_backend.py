@@ -4,6 +4,7 @@ Layers: ``llama_cpp`` (raw ctypes) -> ``_Log``, ``_BatchBuffer`` (thin owners) -
 ``LlamaCppBackend`` (the Backend protocol). llama_cpp is imported lazily so the pure decoding
 logic and the CLI's help work without it.
 """
+
 from __future__ import annotations
 
 import collections
@@ -196,14 +197,17 @@ class LlamaCppBackend:
             text=lambda i: lib.llama_vocab_get_text(vocab, i) or b"",
         )
 
-    def apply_chat_template(self, messages: list[dict[str, str]], template: Optional[str] = None,
-                            add_assistant: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], template: Optional[str] = None, add_assistant: bool = True
+    ) -> str:
         """Render messages with llama.cpp's template engine: the GGUF's own template, or
         ``template`` (a name llama.cpp knows, e.g. "chatml", "gemma", or a template text)."""
         tmpl = template.encode() if template else self._lib.llama_model_chat_template(self._model, None)
         if not tmpl:
-            raise ModelLoadError(f"{self.path.name} has no chat template in its GGUF metadata "
-                                 f"(a manifest can name one: \"chat_template\": {{\"source\": \"builtin\", \"name\": ...}})")
+            raise ModelLoadError(
+                f"{self.path.name} has no chat template in its GGUF metadata "
+                f'(a manifest can name one: "chat_template": {{"source": "builtin", "name": ...}})'
+            )
         keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
         arr = (self._lib.llama_chat_message * len(keep))()
         for i, (role, content) in enumerate(keep):
@@ -229,12 +233,14 @@ class LlamaCppBackend:
             self._batch.fill(batch, lo, hi)
             rc = self._lib.llama_decode(self._ctx, self._batch.batch)
             if rc != 0:
-                raise MtadEdgeError(f"llama_decode failed with code {rc} on {self.path.name} "
-                                    f"({'no free KV cache slot' if rc == 1 else 'aborted or internal error'})")
+                raise MtadEdgeError(
+                    f"llama_decode failed with code {rc} on {self.path.name} "
+                    f"({'no free KV cache slot' if rc == 1 else 'aborted or internal error'})"
+                )
             for i in range(lo, hi):
                 for s in batch.seq_ids[i]:
                     hist = self._history.setdefault(s, [])
-                    del hist[batch.pos[i]:]
+                    del hist[batch.pos[i] :]
                     hist.append(batch.tokens[i])
         if not n_out:
             return np.empty((0, self.n_vocab), dtype=np.float32)

@@ -7,6 +7,7 @@ onnxruntime returns fresh tensors every run, so rolling back is a cut and copyin
 shares references. Sequences that get the same number of new tokens on the same past length
 (draft beams) run together as batch rows.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -57,8 +58,10 @@ def _require(*names: str) -> list:
     try:
         return [importlib.import_module(n) for n in names]
     except ImportError as e:
-        raise ModelLoadError(f"the ONNX Runtime backend needs {e.name or names[0]}: "
-                             "pip install 'mtad-edge[onnx]' (or 'mtad-edge[onnx-gpu]' for CUDA)") from None
+        raise ModelLoadError(
+            f"the ONNX Runtime backend needs {e.name or names[0]}: "
+            "pip install 'mtad-edge[onnx]' (or 'mtad-edge[onnx-gpu]' for CUDA)"
+        ) from None
 
 
 class OrtBackend:
@@ -78,7 +81,9 @@ class OrtBackend:
         if config.provider in ("auto", "cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
         elif config.provider == "cuda":
-            raise ModelLoadError("--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+            raise ModelLoadError(
+                "--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+            )
         try:
             self._sess = ort.InferenceSession(str(self.path), opts, providers=providers)
             self._tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
@@ -86,15 +91,19 @@ class OrtBackend:
             raise ModelLoadError(f"onnxruntime could not load {self.path}: {str(e).splitlines()[0]}") from None
         providers = self._sess.get_providers()  # what the session got: CUDA falls back to CPU without a GPU
         if config.provider == "cuda" and providers[0] != "CUDAExecutionProvider":
-            raise ModelLoadError("--provider cuda: onnxruntime could not start CUDA (no GPU, or its CUDA/cuDNN libraries are missing)")
+            raise ModelLoadError(
+                "--provider cuda: onnxruntime could not start CUDA (no GPU, or its CUDA/cuDNN libraries are missing)"
+            )
         cfg = json.loads((d / "config.json").read_text())
         tcfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
         self._tcfg = tcfg
         inputs = self._sess.get_inputs()
         self._inputs = {i.name for i in inputs}
         past = [i for i in inputs if i.name.startswith("past_key_values.")]
-        shape = (cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
-                 cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        shape = (
+            cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+            cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+        )
         dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
         on_device = config.io_binding if config.io_binding is not None else providers[0] != "CPUExecutionProvider"
         if on_device:
@@ -107,8 +116,11 @@ class OrtBackend:
         self.n_ctx, self.n_seq_max = config.n_ctx, config.n_seq_max
         self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
         self._chunk = max(8, (32 << 20) // self.n_vocab)  # tokens per run: 32M float logits at most
-        self._special = {t: self._tok.token_to_id(v if isinstance(v, str) else v.get("content"))
-                         for t in ("bos_token", "eos_token") if (v := tcfg.get(t))}
+        self._special = {
+            t: self._tok.token_to_id(v if isinstance(v, str) else v.get("content"))
+            for t in ("bos_token", "eos_token")
+            if (v := tcfg.get(t))
+        }
         eos = cfg.get("eos_token_id")
         self._eog = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self._special.get("eos_token") is not None:
@@ -148,21 +160,29 @@ class OrtBackend:
         model = json.loads(self._tok.to_str())["model"]
         kind = model["type"].lower()  # SentencePiece models (Unigram, or BPE with byte fallback) are llama.cpp's "spm"
         kind = "spm" if kind == "unigram" or (kind == "bpe" and model.get("byte_fallback")) else kind
-        return VocabInfo(kind=kind, n_tokens=self.n_vocab,
-                         bos=self._special.get("bos_token", -1), eos=self._special.get("eos_token", -1),
-                         add_bos=bool(self._tcfg.get("add_bos_token")),
-                         text=lambda i: (self._tok.id_to_token(i) or "").encode("utf-8"))
+        return VocabInfo(
+            kind=kind,
+            n_tokens=self.n_vocab,
+            bos=self._special.get("bos_token", -1),
+            eos=self._special.get("eos_token", -1),
+            add_bos=bool(self._tcfg.get("add_bos_token")),
+            text=lambda i: (self._tok.id_to_token(i) or "").encode("utf-8"),
+        )
 
-    def apply_chat_template(self, messages: list[dict[str, str]], template: Optional[str] = None,
-                            add_assistant: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], template: Optional[str] = None, add_assistant: bool = True
+    ) -> str:
         d = self.path.parent
         tmpl = template or self._tcfg.get("chat_template")
         if not tmpl and (d / "chat_template.jinja").is_file():
             tmpl = (d / "chat_template.jinja").read_text()
         if not tmpl:
             raise ModelLoadError(f"{d} has no chat template")
-        tok = {k: (v if isinstance(v, str) else v.get("content")) for k, v in self._tcfg.items()
-               if k in ("bos_token", "eos_token") and v}
+        tok = {
+            k: (v if isinstance(v, str) else v.get("content"))
+            for k, v in self._tcfg.items()
+            if k in ("bos_token", "eos_token") and v
+        }
         return render(tmpl, messages, add_assistant, **tok)
 
     # -- evaluation -------------------------------------------------------------------------------
@@ -185,7 +205,7 @@ class OrtBackend:
             # prompt costs at most about 128 MB of logits at a time (Gemma: 262144 per token).
             step = max(1, self._chunk // len(seqs))
             for lo in range(0, n, step):
-                rows_of = [per_seq[s][lo:lo + step] for s in seqs]
+                rows_of = [per_seq[s][lo : lo + step] for s in seqs]
                 out = self._run(seqs, [[batch.tokens[i] for i in rows] for rows in rows_of], past + lo)
                 for rows, logits in zip(rows_of, out):
                     for j, i in enumerate(rows):
@@ -198,8 +218,7 @@ class OrtBackend:
 
     def _run(self, seqs: list[int], tokens: list[list[int]], past: int) -> np.ndarray:
         b, n = len(seqs), len(tokens[0])
-        feed = {"input_ids": np.array(tokens, dtype=np.int64),
-                "attention_mask": np.ones((b, past + n), dtype=np.int64)}
+        feed = {"input_ids": np.array(tokens, dtype=np.int64), "attention_mask": np.ones((b, past + n), dtype=np.int64)}
         if "position_ids" in self._inputs:
             feed["position_ids"] = np.tile(np.arange(past, past + n, dtype=np.int64), (b, 1))
         caches = [self._kv.get(s) or self._store.empty() for s in seqs]

@@ -14,6 +14,7 @@ On the host these are numpy views and concatenations. On a device they are tiny 
 (Slice, Concat) run by the same execution provider, so between steps only the token ids, the
 attention mask and the logits cross the bus.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -41,7 +42,7 @@ class HostKV:
         return [np.concatenate(layer, axis=0) for layer in zip(*caches)]
 
     def row(self, kv: KV, k: int) -> KV:
-        return [a[k:k + 1] for a in kv]
+        return [a[k : k + 1] for a in kv]
 
     def cut(self, kv: KV, lo: int, hi: int) -> KV:
         return [a[:, :, lo:hi] for a in kv]
@@ -53,16 +54,26 @@ class HostKV:
 class DeviceKV:
     """Caches as OrtValues on ``device`` ("cuda" or "cpu"); runs bind them in place."""
 
-    def __init__(self, sess, past_names: list[str], shape: tuple[int, int], dtype: np.dtype,
-                 device: str, providers: list[Any], device_id: int = 0):
+    def __init__(
+        self,
+        sess,
+        past_names: list[str],
+        shape: tuple[int, int],
+        dtype: np.dtype,
+        device: str,
+        providers: list[Any],
+        device_id: int = 0,
+    ):
         import onnxruntime as ort
 
         self._ort, self._sess, self._past = ort, sess, past_names
         self._device, self._id, self._providers = device, device_id, providers
         self._outputs = [o.name for o in sess.get_outputs()]
         self._dtype = np.dtype(dtype)
-        self._empty = [ort.OrtValue.ortvalue_from_numpy(np.zeros((1, shape[0], 0, shape[1]), dtype), device, device_id)
-                       for _ in past_names]
+        self._empty = [
+            ort.OrtValue.ortvalue_from_numpy(np.zeros((1, shape[0], 0, shape[1]), dtype), device, device_id)
+            for _ in past_names
+        ]
         self._graphs: dict[tuple, Any] = {}
 
     def empty(self) -> KV:
@@ -121,12 +132,18 @@ class DeviceKV:
         ys = [helper.make_tensor_value_info(f"y{i}", elem, None) for i in range(count)]
         if kind == "slice":
             extra = [helper.make_tensor_value_info(k, TensorProto.INT64, [1]) for k in ("starts", "ends")]
-            nodes = [helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("a", TensorProto.INT64, [1], [axis]))]
+            nodes = [
+                helper.make_node(
+                    "Constant", [], ["axes"], value=helper.make_tensor("a", TensorProto.INT64, [1], [axis])
+                )
+            ]
             nodes += [helper.make_node("Slice", [f"x{i}", "starts", "ends", "axes"], [f"y{i}"]) for i in range(count)]
         else:
             extra = []
-            nodes = [helper.make_node("Concat", [f"x{i * n + j}" for j in range(n)], [f"y{i}"], axis=axis)
-                     for i in range(count)]
+            nodes = [
+                helper.make_node("Concat", [f"x{i * n + j}" for j in range(n)], [f"y{i}"], axis=axis)
+                for i in range(count)
+            ]
         graph = helper.make_graph(nodes, f"kv_{kind}_{axis}_{n}", xs + extra, ys)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8

@@ -5,6 +5,7 @@ shape (V,) or (rows, V) where tokens outside the kept set are ``-inf``. The orde
 Hugging Face's logits processors use (and the paper's code inherits): temperature, then top-k,
 then top-p. Temperature 0 means greedy: the distribution is one-hot on the argmax.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ def filtered_logprobs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         return _nucleus(log_softmax(logits.astype(np.float64) / cfg.temperature), cfg.top_p)
     # Work on the k kept entries only (cheap even for 262k-token vocabularies), then scatter.
     # Temperature does not change the order; selecting the top k from the end is fastest.
-    idx = np.argpartition(logits, v - cfg.top_k, axis=-1)[..., v - cfg.top_k:]
+    idx = np.argpartition(logits, v - cfg.top_k, axis=-1)[..., v - cfg.top_k :]
     vals = np.take_along_axis(logits, idx, axis=-1).astype(np.float64) / cfg.temperature
     kept = _nucleus(log_softmax(vals), cfg.top_p)
     out = np.full(logits.shape, NEG_INF)

@@ -3,6 +3,7 @@
 Notation: beams b = 1..n of length gamma, x_{b,d} their tokens; p = target, q = draft, both
 filtered. The tree merges equal prefixes, so one target pass evaluates every distinct node once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

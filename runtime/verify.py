@@ -4,6 +4,7 @@ Notation (the papers'): ``p`` is the target distribution, ``q`` the draft (auxil
 *after* the same temperature / top-k / top-p filtering; ``x_1..x_gamma`` are the drafted tokens
 and ``p_d = p(. | prefix, x_<d)``, ``q_d = q(. | prefix, x_<d)``.
 """
+
 from __future__ import annotations
 
 import numpy as np

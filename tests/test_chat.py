@@ -1,4 +1,5 @@
 """`mtad-edge chat`: piped stdin through CliRunner, the session logic, and a real tmux terminal."""
+
 import os
 import shutil
 import subprocess

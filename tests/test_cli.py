@@ -1,4 +1,5 @@
 """The `mtad-edge` CLI through click's CliRunner, and once as a real console-script subprocess."""
+
 import json
 import os
 import shutil
@@ -11,26 +12,42 @@ from click.testing import CliRunner
 
 from mtad_edge.cli import cli
 
-STATS_KEYS = {"target_calls", "drafted", "accepted", "acceptance_rate", "block_efficiency", "wall_s",
-              "draft_s", "verify_s", "other_s", "tokens_per_s", "generated", "finish_reason", "seed"}
+STATS_KEYS = {
+    "target_calls",
+    "drafted",
+    "accepted",
+    "acceptance_rate",
+    "block_efficiency",
+    "wall_s",
+    "draft_s",
+    "verify_s",
+    "other_s",
+    "tokens_per_s",
+    "generated",
+    "finish_reason",
+    "seed",
+}
 
 
 def invoke(*args):
     return CliRunner().invoke(cli, list(args))
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--gamma", "0"], "--gamma"),
-    (["--top-p", "0"], "--top-p"),
-    (["--top-p", "1.5"], "--top-p"),
-    (["--temperature", "-1"], "--temperature"),
-    (["--accept-threshold", "0"], "--accept-threshold"),
-    (["--accept-threshold", "1.5"], "--accept-threshold"),
-    (["--beam-width", "0"], "--beam-width"),
-    (["--max-tokens", "0"], "--max-tokens"),
-    (["--method", "beam"], "--method"),
-    (["--top-k", "-2"], "--top-k"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gamma", "0"], "--gamma"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--accept-threshold", "0"], "--accept-threshold"),
+        (["--accept-threshold", "1.5"], "--accept-threshold"),
+        (["--beam-width", "0"], "--beam-width"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--method", "beam"], "--method"),
+        (["--top-k", "-2"], "--top-k"),
+    ],
+)
 def test_invalid_parameters_are_usage_errors(args, needle):
     r = invoke("generate", "hi", *args)
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
@@ -56,8 +73,21 @@ def test_onnx_model_without_onnxruntime_installed_is_a_one_line_error(tmp_path, 
 
 @pytest.mark.slow
 def test_generate_json_is_one_object_with_text_tokens_stats(smol_files):
-    r = CliRunner().invoke(cli, ["generate", "--json", "--method", "mtad", "--max-tokens", "12", "--seed", "1",
-                                 "--chat", "Say something about rivers."])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "generate",
+            "--json",
+            "--method",
+            "mtad",
+            "--max-tokens",
+            "12",
+            "--seed",
+            "1",
+            "--chat",
+            "Say something about rivers.",
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)  # stdout holds the JSON object and nothing else
     assert set(out) == {"text", "tokens", "stats"}
@@ -103,9 +133,27 @@ def test_models_list_and_path(smol_files):
 def test_console_script_subprocess(smol_files):
     exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     assert exe, "the mtad-edge console script is not installed"
-    proc = subprocess.run([exe, "generate", "--json", "--method", "mtad", "--max-tokens", "10", "--seed", "2",
-                           "--temperature", "0", "--chat", "What is 2+2?"],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    proc = subprocess.run(
+        [
+            exe,
+            "generate",
+            "--json",
+            "--method",
+            "mtad",
+            "--max-tokens",
+            "10",
+            "--seed",
+            "2",
+            "--temperature",
+            "0",
+            "--chat",
+            "What is 2+2?",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["stats"]["method"] == "mtad" and out["tokens"] and "Traceback" not in proc.stderr

@@ -1,4 +1,5 @@
 """The decoding loop and the beam drafter on the fake backend (no real model)."""
+
 import numpy as np
 import pytest
 
@@ -49,7 +50,7 @@ def exact_two_token_joint(target, cfg):
 def test_sd_output_follows_the_target_joint_distribution(sampling):
     """Lossless: the first two tokens from the full sd loop are distributed as under AR."""
     target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
-    counts = np.zeros(target.n_vocab ** 2)
+    counts = np.zeros(target.n_vocab**2)
     for seed in range(3000):
         out, _ = run(target, aux, "sd", max_tokens=2, gamma=3, sampling=sampling, seed=seed)
         counts[out[0] * target.n_vocab + out[1]] += 1
@@ -139,8 +140,17 @@ def test_generation_stops_when_context_is_full():
     assert st.finish_reason == "context" and len(PROMPT) + len(out) == 20  # cache holds 19 + pending
 
 
-@pytest.mark.parametrize("kw", [dict(gamma=0), dict(beam_width=0), dict(accept_threshold=0.0),
-                                dict(accept_threshold=1.1), dict(max_tokens=0), dict(method="beam")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(gamma=0),
+        dict(beam_width=0),
+        dict(accept_threshold=0.0),
+        dict(accept_threshold=1.1),
+        dict(max_tokens=0),
+        dict(method="beam"),
+    ],
+)
 def test_invalid_decode_config(kw):
     with pytest.raises(ValueError):
         DecodeConfig(**kw)

@@ -1,4 +1,5 @@
 """The embeddable API: Engine / Response, on the fake backend and on the real pair."""
+
 import threading
 import time
 

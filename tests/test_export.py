@@ -1,4 +1,5 @@
 """`mtad-edge export gguf` with the real converter and quantizer on offline-made HF checkpoints."""
+
 import json
 
 import pytest
@@ -37,7 +38,9 @@ def test_self_draft_export_writes_a_loadable_pair_and_manifest(hf_tiny, tmp_path
     for role in ("target", "aux"):
         assert sha256_file(out / data[role]["file"]) == data[role]["sha256"]
     assert (out / data["target"]["file"]).stat().st_size > (out / data["aux"]["file"]).stat().st_size
-    assert sorted(p.name for p in out.iterdir()) == sorted([data["target"]["file"], data["aux"]["file"], "manifest.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [data["target"]["file"], data["aux"]["file"], "manifest.json"]
+    )
     tokens, st = load_generate(manifest)
     assert len(tokens) == st.generated > 0
 
@@ -100,15 +103,44 @@ def test_existing_export_is_not_clobbered_without_overwrite(hf_tiny, tmp_path):
 
 def test_cli_export_then_generate_with_the_manifest(hf_tiny, tmp_path):
     out = tmp_path / "cli-pair"
-    r = CliRunner().invoke(cli, ["export", "gguf", "--target", str(hf_tiny), "--aux", "from-target",
-                                 "--out", str(out), "--target-quant", "Q8_0", "--aux-quant", "Q4_0"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "export",
+            "gguf",
+            "--target",
+            str(hf_tiny),
+            "--aux",
+            "from-target",
+            "--out",
+            str(out),
+            "--target-quant",
+            "Q8_0",
+            "--aux-quant",
+            "Q4_0",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(out / "manifest.json")
-    r = CliRunner().invoke(cli, ["generate", "--manifest", str(out / "manifest.json"), "--json",
-                                 "--max-tokens", "6", "--temperature", "0", "Hello"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "generate",
+            "--manifest",
+            str(out / "manifest.json"),
+            "--json",
+            "--max-tokens",
+            "6",
+            "--temperature",
+            "0",
+            "Hello",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert len(json.loads(r.stdout)["tokens"]) > 0
-    r = CliRunner().invoke(cli, ["export", "gguf", "--target", str(tmp_path), "--aux", "from-target", "--out", str(out)])
+    r = CliRunner().invoke(
+        cli, ["export", "gguf", "--target", str(tmp_path), "--aux", "from-target", "--out", str(out)]
+    )
     assert r.exit_code == 1 and "no config.json" in r.stderr
 
 
@@ -126,6 +158,7 @@ def test_onnx_export_fp32_matches_hf_and_int4_generates(onnx_pair, hf_smol):
     assert (out / "aux" / "model.onnx").stat().st_size < (out / "target" / "model.onnx").stat().st_size / 2
     hf = AutoModelForCausalLM.from_pretrained(str(hf_smol), dtype=torch.float32).eval()
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(hf_smol))
     totals = {"fp32": [0, 0], "int4": [0, 0]}
     for prompt in ["The capital of France is", "def fibonacci(n):"]:

@@ -1,4 +1,5 @@
 """The llama.cpp backend and the decoders on the real embedded pair (SmolLM2-135M F16 + Q4_0)."""
+
 import numpy as np
 import pytest
 
@@ -14,8 +15,12 @@ from mtad_edge.textstream import detokenize
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["Explain beam search in one paragraph.", "Write a Python function that reverses a string.",
-           "Tell a short story about a robot who learns to paint.", "Why is the sky blue?"]
+PROMPTS = [
+    "Explain beam search in one paragraph.",
+    "Write a Python function that reverses a string.",
+    "Tell a short story about a robot who learns to paint.",
+    "Why is the sky blue?",
+]
 
 
 def chat_ids(model, text):
@@ -56,8 +61,9 @@ def test_rollback_falls_back_to_reprefill_when_seq_rm_refuses(smol_files, fresh,
         ids = chat_ids(m, "Name a color.")
         m.decode(Batch.run(ids + [100, 200], 0, logits="none"))
         real_rm = m._lib.llama_memory_seq_rm
-        monkeypatch.setattr(m._lib, "llama_memory_seq_rm",
-                            lambda mem, seq, p0, p1: False if p0 > 0 else real_rm(mem, seq, p0, p1))
+        monkeypatch.setattr(
+            m._lib, "llama_memory_seq_rm", lambda mem, seq, p0, p1: False if p0 > 0 else real_rm(mem, seq, p0, p1)
+        )
         m.rollback(0, len(ids))
         assert m.rollback_fallbacks == 1
         got = np.array(m.decode(Batch.run([555], len(ids))))[-1]
@@ -141,11 +147,14 @@ def test_gemma_pair_generates(gemma_files):
     assert st.generated == len(out) > 0 and st.target_calls > 0
 
 
-@pytest.mark.parametrize("content,needle", [
-    (b"", "not a GGUF file"),
-    (b"PK\x03\x04 this is a zip, not a model" * 10, "not a GGUF file"),
-    (b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64, "could not load"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"", "not a GGUF file"),
+        (b"PK\x03\x04 this is a zip, not a model" * 10, "not a GGUF file"),
+        (b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64, "could not load"),
+    ],
+)
 def test_corrupt_or_foreign_files_give_a_clear_error(tmp_path, content, needle):
     f = tmp_path / "bad.gguf"
     f.write_bytes(content)

@@ -1,4 +1,5 @@
 """The ONNX Runtime backend on an ONNX export of the embedded SmolLM2 (fp32 target, int4 aux)."""
+
 import json
 
 import numpy as np
@@ -91,8 +92,23 @@ def test_mixed_pair_llama_cpp_target_onnx_aux(onnx_pair, smol_files):
 
 
 def test_cli_generate_with_an_onnx_manifest(onnx_pair):
-    r = CliRunner().invoke(cli, ["generate", "--manifest", str(onnx_pair), "--json", "--method", "mtad",
-                                 "--max-tokens", "8", "--seed", "1", "--chat", "Hello"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "generate",
+            "--manifest",
+            str(onnx_pair),
+            "--json",
+            "--method",
+            "mtad",
+            "--max-tokens",
+            "8",
+            "--seed",
+            "1",
+            "--chat",
+            "Hello",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["stats"]["method"] == "mtad"
     r = CliRunner().invoke(cli, ["generate", "--manifest", str(onnx_pair), "--backend", "llama.cpp", "hi"])
@@ -104,8 +120,10 @@ def ort_on_device(onnx_pair, ort_models):
     """The same pair with caches kept as OrtValues through IO binding: the CUDA code path
     (helper graphs for cuts, joins and batch rows), here on the CPU provider."""
     d = onnx_pair.parent
-    with OrtBackend(d / "target", OrtConfig(n_ctx=512, n_seq_max=ort_models.target.n_seq_max, io_binding=True)) as t, \
-            OrtBackend(d / "aux", OrtConfig(n_ctx=512, n_seq_max=ort_models.aux.n_seq_max, io_binding=True)) as a:
+    with (
+        OrtBackend(d / "target", OrtConfig(n_ctx=512, n_seq_max=ort_models.target.n_seq_max, io_binding=True)) as t,
+        OrtBackend(d / "aux", OrtConfig(n_ctx=512, n_seq_max=ort_models.aux.n_seq_max, io_binding=True)) as a,
+    ):
         yield t, a
 
 
@@ -135,8 +153,10 @@ def test_provider_cuda_without_cuda_is_a_clear_error(onnx_pair):
 @pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
 def test_cuda_keeps_caches_on_the_gpu_and_greedy_drafting_equals_greedy_ar(onnx_pair, method):
     d = onnx_pair.parent
-    with OrtBackend(d / "target", OrtConfig(n_ctx=512, n_seq_max=5, provider="cuda")) as t, \
-            OrtBackend(d / "aux", OrtConfig(n_ctx=512, n_seq_max=9, provider="cuda")) as a:
+    with (
+        OrtBackend(d / "target", OrtConfig(n_ctx=512, n_seq_max=5, provider="cuda")) as t,
+        OrtBackend(d / "aux", OrtConfig(n_ctx=512, n_seq_max=9, provider="cuda")) as a,
+    ):
         assert t.provider == "CUDAExecutionProvider" and t.io_binding and a.io_binding
         assert all(st.drafted > 0 for st in assert_drafting_equals_greedy_ar(t, a, method, PROMPTS, 24))
         assert_rollback_equals_fresh(t, atol=1e-3)

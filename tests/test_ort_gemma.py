@@ -1,5 +1,6 @@
 """ONNX Runtime on Gemma 3 270M: an export without position_ids, a SentencePiece vocabulary of
 262144 tokens, and mixed pairs with the llama.cpp Q4_K_M aux."""
+
 import pytest
 
 from conftest import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, greedy_agreement
@@ -20,8 +21,10 @@ def gemma_onnx(onnx_gemma):
 
 @pytest.fixture(scope="module")
 def gemma_cpp(gemma_files):
-    with LlamaCppBackend(gemma_files.target, LlamaCppConfig(n_ctx=256)) as f16, \
-            LlamaCppBackend(gemma_files.aux, LlamaCppConfig(n_ctx=256, n_seq_max=9)) as q4:
+    with (
+        LlamaCppBackend(gemma_files.target, LlamaCppConfig(n_ctx=256)) as f16,
+        LlamaCppBackend(gemma_files.aux, LlamaCppConfig(n_ctx=256, n_seq_max=9)) as q4,
+    ):
         yield f16, q4
 
 
@@ -57,8 +60,12 @@ def test_rollback_then_decode_equals_fresh_decode_without_position_ids(gemma_onn
 @pytest.mark.parametrize("name", ["gemma", "chatml"])
 def test_builtin_chat_templates_render_as_llama_cpp_does(gemma_onnx, gemma_cpp, name):
     f16, _ = gemma_cpp
-    chat = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi!\n"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a color."}]
+    chat = [
+        {"role": "system", "content": " Be brief. "},
+        {"role": "user", "content": "Hi!\n"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Name a color."},
+    ]
     for messages in (chat, chat[1:2]):
         for add in (True, False):
             want = f16.apply_chat_template(messages, template=name, add_assistant=add)

@@ -1,4 +1,5 @@
 """Manifests and `prepare`: derive into the cache, idempotently and atomically."""
+
 import json
 
 import pytest
@@ -84,9 +85,16 @@ def test_unknown_pair_and_bad_manifest(tmp_path):
 
 
 def test_local_manifest_files_live_beside_it(tmp_path):
-    (tmp_path / "manifest.json").write_text(json.dumps({
-        "schema": 1, "name": "mine", "target": {"file": "t.gguf", "derive": {"ftype": "Q4_K_M"}},
-        "aux": {"file": "a.gguf", "derive": None}}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "name": "mine",
+                "target": {"file": "t.gguf", "derive": {"ftype": "Q4_K_M"}},
+                "aux": {"file": "a.gguf", "derive": None},
+            }
+        )
+    )
     with pytest.raises(MtadEdgeError, match="missing model file"):
         pairs.prepare(pairs.load_manifest(tmp_path / "manifest.json"))
     for name in ("t.gguf", "a.gguf"):

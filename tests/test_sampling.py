@@ -1,8 +1,15 @@
 import numpy as np
 import pytest
 
-from mtad_edge.runtime.sampling import (SamplingConfig, filtered_logprobs, log_softmax, sample,
-                                        sample_without_replacement, top_k_mask, top_p_mask)
+from mtad_edge.runtime.sampling import (
+    SamplingConfig,
+    filtered_logprobs,
+    log_softmax,
+    sample,
+    sample_without_replacement,
+    top_k_mask,
+    top_p_mask,
+)
 
 
 def test_top_k_keeps_the_k_largest():

@@ -1,4 +1,5 @@
 """`mtad-edge serve` as a real subprocess on a free loopback port, driven by the openai client."""
+
 import http.client
 import json
 import os
@@ -28,9 +29,30 @@ def free_port() -> int:
 def server(smol_files):
     port = free_port()
     exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
-    proc = subprocess.Popen([exe, "serve", "--port", str(port), "--api-key", KEY, "--queue-size", "2",
-                             "--ctx-size", "1024", "--threads", "2", "--max-tokens", "32", "--max-body", "4096"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    proc = subprocess.Popen(
+        [
+            exe,
+            "serve",
+            "--port",
+            str(port),
+            "--api-key",
+            KEY,
+            "--queue-size",
+            "2",
+            "--ctx-size",
+            "1024",
+            "--threads",
+            "2",
+            "--max-tokens",
+            "32",
+            "--max-body",
+            "4096",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -84,12 +106,25 @@ def test_chat_stream_equals_non_stream(client):
 
 
 def test_completions_and_mtad_extra_fields(client):
-    r = client.completions.create(model="smollm2-135m", prompt="The capital of France is", max_tokens=12,
-                                  temperature=0, extra_body={"method": "mmtad", "gamma": 3, "beam_width": 2})
+    r = client.completions.create(
+        model="smollm2-135m",
+        prompt="The capital of France is",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"method": "mmtad", "gamma": 3, "beam_width": 2},
+    )
     assert r.choices[0].text and r.model_extra["mtad_stats"]["method"] == "mmtad"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="smollm2-135m", prompt="The capital of France is", max_tokens=12, temperature=0, stream=True,
-        extra_body={"method": "ar"}))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="smollm2-135m",
+            prompt="The capital of France is",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            extra_body={"method": "ar"},
+        )
+    )
     assert streamed == r.choices[0].text  # greedy: every method gives the target's greedy text
 
 
@@ -118,8 +153,10 @@ def test_concurrent_requests_get_the_same_answers_as_sequential_ones(client):
 def parallel_statuses(port, n, body):
     """POST ``body`` to /v1/completions from ``n`` threads at once; the HTTP statuses."""
     statuses = []
-    threads = [threading.Thread(target=lambda: statuses.append(raw(port, "POST", "/v1/completions", body)[0]))
-               for _ in range(n)]
+    threads = [
+        threading.Thread(target=lambda: statuses.append(raw(port, "POST", "/v1/completions", body)[0]))
+        for _ in range(n)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -128,17 +165,25 @@ def parallel_statuses(port, n, body):
 
 
 def test_full_queue_answers_429(server):
-    long_story = {"prompt": "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-                  "max_tokens": 200, "temperature": 0}  # greedy: no early end-of-text
+    long_story = {
+        "prompt": "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+        "max_tokens": 200,
+        "temperature": 0,
+    }  # greedy: no early end-of-text
     statuses = parallel_statuses(server, 6, long_story)
     assert set(statuses) <= {200, 429} and statuses.count(429) >= 1 and statuses.count(200) >= 1
 
 
 def test_client_disconnect_mid_stream_frees_the_server(server, client):
     # Greedy on this raw prompt the model writes 256+ tokens without an end-of-text (see the bench).
-    stream = client.completions.create(model="smollm2-135m", prompt="Once upon a time, in a small village by the sea, "
-                                       "there lived an old fisherman who", max_tokens=900, temperature=0, stream=True,
-                                       extra_body={"method": "ar"})
+    stream = client.completions.create(
+        model="smollm2-135m",
+        prompt="Once upon a time, in a small village by the sea, there lived an old fisherman who",
+        max_tokens=900,
+        temperature=0,
+        stream=True,
+        extra_body={"method": "ar"},
+    )
     first = [c.choices[0].text for _, c in zip(range(3), stream)]
     assert len(first) == 3  # it is streaming
     stream.close()  # the client goes away mid-answer
@@ -148,18 +193,21 @@ def test_client_disconnect_mid_stream_frees_the_server(server, client):
     assert parallel_statuses(server, 3, {"prompt": "Hi", "max_tokens": 4}) == [200, 200, 200]
 
 
-@pytest.mark.parametrize("body,status,needle", [
-    (b"{not json", 400, "invalid JSON"),
-    (b"[1, 2]", 400, "must be an object"),
-    ({"messages": []}, 400, "non-empty list"),
-    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
-    ({"messages": [{"role": "user", "content": "hi"}], "method": "beam"}, 400, "method"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n=1"),
-    ({"messages": [{"role": "user", "content": "hi"}], "gamma": 9}, 400, "gamma <= 4"),
-    ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "body over"),
-    ({"messages": [{"role": "user", "content": "a " * 1500}]}, 400, "prompt has"),  # ~1500 tokens, 3 KB
-])
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        (b"{not json", 400, "invalid JSON"),
+        (b"[1, 2]", 400, "must be an object"),
+        ({"messages": []}, 400, "non-empty list"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
+        ({"messages": [{"role": "user", "content": "hi"}], "method": "beam"}, 400, "method"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n=1"),
+        ({"messages": [{"role": "user", "content": "hi"}], "gamma": 9}, 400, "gamma <= 4"),
+        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "body over"),
+        ({"messages": [{"role": "user", "content": "a " * 1500}]}, 400, "prompt has"),  # ~1500 tokens, 3 KB
+    ],
+)
 def test_bad_requests_get_clear_4xx(server, body, status, needle):
     code, err = raw(server, "POST", "/v1/chat/completions", body)
     assert code == status and needle in err["error"]["message"], err

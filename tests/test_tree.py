@@ -1,4 +1,5 @@
 """MMTAD's token tree and tree acceptance rule, by hand-computed cases."""
+
 import numpy as np
 import pytest
 
@@ -32,9 +33,18 @@ def test_identical_beams_make_a_single_path():
 
 def test_mmtad_deepest_passing_depth_then_highest_log_p():
     cum_q = np.cumsum(L([0.5, 0.5, 0.5]))  # best beam's joint q: 0.5, 0.25, 0.125
-    cum_p = np.cumsum(L(np.array([[0.5, 0.1, 0.9],     # ratios 1.0, 0.2, 0.36 -> passes d1 only
-                                  [0.4, 0.4, 0.3],     # 0.8, 0.64, 0.384 -> passes d1, d2
-                                  [0.45, 0.5, 0.2]])), axis=1)  # 0.9, 0.9, 0.36 -> d1, d2
+    cum_p = np.cumsum(
+        L(
+            np.array(
+                [
+                    [0.5, 0.1, 0.9],  # ratios 1.0, 0.2, 0.36 -> passes d1 only
+                    [0.4, 0.4, 0.3],  # 0.8, 0.64, 0.384 -> passes d1, d2
+                    [0.45, 0.5, 0.2],
+                ]
+            )
+        ),
+        axis=1,
+    )  # 0.9, 0.9, 0.36 -> d1, d2
     k, b = mmtad_accept(cum_p, cum_q, 0.5)
     assert k == 2 and b == 2  # at depth 2 beams 1 and 2 pass; beam 2 has the higher joint p
 

@@ -1,4 +1,5 @@
 """GPU energy from NVML (nvidia-ml-py), or None when there is no NVIDIA GPU: never invented."""
+
 from __future__ import annotations
 
 import threading

@@ -3,6 +3,7 @@
 Build them from the llama.cpp vendored in the llama-cpp-python sdist (see the README); this
 module only runs them and parses their output.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,25 +24,62 @@ def _tool(bin_dir: Path, name: str) -> Path:
 
 def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int) -> dict:
     """Token generation speed (tg) of ``model`` alone: llama-bench -p 0 -n N."""
-    cmd = [str(_tool(bin_dir, "llama-bench")), "-m", str(model), "-t", str(threads), "-p", "0",
-           "-n", str(n_tokens), "-r", "3", "-o", "json"]
+    cmd = [
+        str(_tool(bin_dir, "llama-bench")),
+        "-m",
+        str(model),
+        "-t",
+        str(threads),
+        "-p",
+        "0",
+        "-n",
+        str(n_tokens),
+        "-r",
+        "3",
+        "-o",
+        "json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise MtadEdgeError(f"llama-bench failed: {proc.stderr.strip().splitlines()[-1:]}")
     result = json.loads(proc.stdout)[0]
-    return {"tool": "llama-bench", "tokens_per_s": result["avg_ts"], "tokens_per_s_stdev": result.get("stddev_ts"),
-            "n_gen": n_tokens, "command": " ".join(cmd)}
+    return {
+        "tool": "llama-bench",
+        "tokens_per_s": result["avg_ts"],
+        "tokens_per_s_stdev": result.get("stddev_ts"),
+        "n_gen": n_tokens,
+        "command": " ".join(cmd),
+    }
 
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 
 
-def speculative_simple(bin_dir: Path, target: Path, aux: Path, prompt: str, n_tokens: int, threads: int,
-                       gamma: int, n_ctx: int = 4096) -> Optional[dict]:
+def speculative_simple(
+    bin_dir: Path, target: Path, aux: Path, prompt: str, n_tokens: int, threads: int, gamma: int, n_ctx: int = 4096
+) -> Optional[dict]:
     """Greedy draft-model speculative decoding with llama.cpp's example, same draft length."""
-    cmd = [str(_tool(bin_dir, "llama-speculative-simple")), "-m", str(target), "-md", str(aux),
-           "--spec-type", "draft-simple", "-p", prompt, "-n", str(n_tokens), "-t", str(threads),
-           "--temp", "0", "--spec-draft-n-max", str(gamma), "-c", str(n_ctx)]
+    cmd = [
+        str(_tool(bin_dir, "llama-speculative-simple")),
+        "-m",
+        str(target),
+        "-md",
+        str(aux),
+        "--spec-type",
+        "draft-simple",
+        "-p",
+        prompt,
+        "-n",
+        str(n_tokens),
+        "-t",
+        str(threads),
+        "--temp",
+        "0",
+        "--spec-draft-n-max",
+        str(gamma),
+        "-c",
+        str(n_ctx),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     log = proc.stderr
     m = _DECODED.search(log)
@@ -50,6 +88,12 @@ def speculative_simple(bin_dir: Path, target: Path, aux: Path, prompt: str, n_to
     if proc.returncode != 0 or not m:
         raise MtadEdgeError(f"llama-speculative-simple failed (exit {proc.returncode})")
     n_drafted, n_acc = int(drafted.group(1)) if drafted else 0, int(accepted.group(1)) if accepted else 0
-    return {"tool": "llama-speculative-simple", "generated": int(m.group(1)), "decode_s": float(m.group(2)),
-            "tokens_per_s": float(m.group(3)), "drafted": n_drafted, "accepted": n_acc,
-            "acceptance_rate": n_acc / n_drafted if n_drafted else None}
+    return {
+        "tool": "llama-speculative-simple",
+        "generated": int(m.group(1)),
+        "decode_s": float(m.group(2)),
+        "tokens_per_s": float(m.group(3)),
+        "drafted": n_drafted,
+        "accepted": n_acc,
+        "acceptance_rate": n_acc / n_drafted if n_drafted else None,
+    }

@@ -1,4 +1,5 @@
 """Writing a benchmark out: results.json, report.md, bench.png (and sweep.png for --sweep)."""
+
 from __future__ import annotations
 
 import json
@@ -39,22 +40,41 @@ def report_markdown(results: dict) -> str:
             f"| {_fmt(va.get('tokens_per_s'))} | {_fmt(vs.get('tokens_per_s'))} | {_fmt(a['ttft_s'], '.3f')} "
             f"| {_fmt(a['block_efficiency'])} | {_fmt(a['acceptance_rate'], '.1%')} | {_fmt(a['ppl'], '.2f')} "
             f"| {_fmt(va.get('ppl'))} | {_fmt(a['cpu_s_per_token'], '.4f')} | {_fmt(a['j_per_token'], '.3f', 'n/a (no GPU)')} "
-            f"| {_fmt(a['peak_rss_mb'], '.0f')} |")
+            f"| {_fmt(a['peak_rss_mb'], '.0f')} |"
+        )
     native = results.get("native")
     if native:
-        lines += ["", "Native llama.cpp on the same files and threads:", "",
-                  "| tool | setting | tok/s | acceptance |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Native llama.cpp on the same files and threads:",
+            "",
+            "| tool | setting | tok/s | acceptance |",
+            "|---|---|---|---|",
+        ]
         for key, n in native.items():
-            lines.append(f"| {n['tool']} | {key} | {_fmt(n['tokens_per_s'], '.1f')} | {_fmt(n.get('acceptance_rate'), '.1%')} |")
+            lines.append(
+                f"| {n['tool']} | {key} | {_fmt(n['tokens_per_s'], '.1f')} | {_fmt(n.get('acceptance_rate'), '.1%')} |"
+            )
     if results.get("sweep"):
-        lines += ["", "MTAD sweep (one parameter at a time around the defaults):", "",
-                  "| threshold | gamma | beam width | tok/s | block eff. | acceptance | PPL |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "MTAD sweep (one parameter at a time around the defaults):",
+            "",
+            "| threshold | gamma | beam width | tok/s | block eff. | acceptance | PPL |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for s in results["sweep"]:
-            lines.append(f"| {s['accept_threshold']} | {s['gamma']} | {s['beam_width']} | {_fmt(s['tokens_per_s'], '.1f')} "
-                         f"| {_fmt(s['block_efficiency'])} | {_fmt(s['acceptance_rate'], '.1%')} | {_fmt(s['ppl'])} |")
-    lines += ["", "tok/s: generated tokens per second of decoding (prompt prefill excluded), median over repeats. "
-              "Block efficiency: generated tokens / target calls. PPL: exp(-mean log p_target(token | prefix)) "
-              "under the target's raw logits, scored the same way for every method.", ""]
+            lines.append(
+                f"| {s['accept_threshold']} | {s['gamma']} | {s['beam_width']} | {_fmt(s['tokens_per_s'], '.1f')} "
+                f"| {_fmt(s['block_efficiency'])} | {_fmt(s['acceptance_rate'], '.1%')} | {_fmt(s['ppl'])} |"
+            )
+    lines += [
+        "",
+        "tok/s: generated tokens per second of decoding (prompt prefill excluded), median over repeats. "
+        "Block efficiency: generated tokens / target calls. PPL: exp(-mean log p_target(token | prefix)) "
+        "under the target's raw logits, scored the same way for every method.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -64,6 +84,7 @@ def _pyplot():
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         return plt
     except ImportError:
         return None
@@ -78,8 +99,10 @@ def plot_bench(out: Path, results: dict) -> Optional[Path]:
     names = list(methods)
     fig, ax = plt.subplots(2, 2, figsize=(11, 8))
     speed = [methods[m]["tokens_per_s"] for m in names]
-    err = [[s - methods[m]["tokens_per_s_min"] for m, s in zip(names, speed)],
-           [methods[m]["tokens_per_s_max"] - s for m, s in zip(names, speed)]]
+    err = [
+        [s - methods[m]["tokens_per_s_min"] for m, s in zip(names, speed)],
+        [methods[m]["tokens_per_s_max"] - s for m, s in zip(names, speed)],
+    ]
     ax[0, 0].bar(names, speed, yerr=err, color="tab:blue", capsize=4)
     for key, n in (results.get("native") or {}).items():
         ax[0, 0].axhline(n["tokens_per_s"], ls="--", lw=1, color="gray")

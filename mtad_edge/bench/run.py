@@ -1,4 +1,5 @@
 """The benchmark loop: every method on every prompt, repeated, measured the same way."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +50,9 @@ def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise MtadEdgeError(f"{where} line {n}: not JSON ({e.msg})") from None
-        if not isinstance(item, dict) or not (isinstance(item.get("prompt"), str) or isinstance(item.get("messages"), list)):
+        if not isinstance(item, dict) or not (
+            isinstance(item.get("prompt"), str) or isinstance(item.get("messages"), list)
+        ):
             raise MtadEdgeError(f"{where} line {n}: needs a 'prompt' string or a 'messages' list")
         item.setdefault("id", f"p{len(items) + 1}")
         items.append(item)
@@ -89,19 +92,39 @@ def measure(models, prompt_ids: list[int], cfg: DecodeConfig, meter: EnergyMeter
     logp = token_logprobs(models.target, prompt_ids, tokens)
     n = len(tokens)
     return {
-        "method": cfg.method, "seed": st.seed, "prompt_tokens": len(prompt_ids), "generated": n,
-        "wall_s": st.wall_s, "decode_s": st.decode_s, "prefill_s": st.prefill_s, "ttft_s": ttft,
-        "tokens_per_s": st.tokens_per_s, "target_calls": st.target_calls, "drafted": st.drafted,
-        "accepted": st.accepted, "acceptance_rate": st.acceptance_rate, "block_efficiency": st.block_efficiency,
-        "draft_s": st.draft_s, "verify_s": st.verify_s, "other_s": st.other_s,
-        "logprob_sum": float(logp.sum()), "ppl": math.exp(-float(logp.mean())) if n else None,
-        "cpu_s": cpu, "cpu_s_per_token": cpu / n if n else None, "peak_rss_mb": _peak_rss_mb(),
-        "energy_j": energy, "j_per_token": energy / n if energy is not None and n else None,
-        "accept_lengths": st.accept_lengths, "finish_reason": st.finish_reason, "tokens": tokens,
+        "method": cfg.method,
+        "seed": st.seed,
+        "prompt_tokens": len(prompt_ids),
+        "generated": n,
+        "wall_s": st.wall_s,
+        "decode_s": st.decode_s,
+        "prefill_s": st.prefill_s,
+        "ttft_s": ttft,
+        "tokens_per_s": st.tokens_per_s,
+        "target_calls": st.target_calls,
+        "drafted": st.drafted,
+        "accepted": st.accepted,
+        "acceptance_rate": st.acceptance_rate,
+        "block_efficiency": st.block_efficiency,
+        "draft_s": st.draft_s,
+        "verify_s": st.verify_s,
+        "other_s": st.other_s,
+        "logprob_sum": float(logp.sum()),
+        "ppl": math.exp(-float(logp.mean())) if n else None,
+        "cpu_s": cpu,
+        "cpu_s_per_token": cpu / n if n else None,
+        "peak_rss_mb": _peak_rss_mb(),
+        "energy_j": energy,
+        "j_per_token": energy / n if energy is not None and n else None,
+        "accept_lengths": st.accept_lengths,
+        "finish_reason": st.finish_reason,
+        "tokens": tokens,
     }
 
 
-def run_bench(models, prompts: list[dict], cfg: BenchConfig, progress: Callable[[int], None] = lambda n: None) -> list[dict]:
+def run_bench(
+    models, prompts: list[dict], cfg: BenchConfig, progress: Callable[[int], None] = lambda n: None
+) -> list[dict]:
     """Rows for repeats x prompts x methods. Within a repeat every method gets the same seed."""
     meter = EnergyMeter()
     rendered = [(item, models.target.tokenize(render(models, item))) for item in prompts]
@@ -126,8 +149,10 @@ def aggregate(rows: list[dict]) -> dict:
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         reps = sorted({r["repeat"] for r in mine})
-        speeds = [_total(rr, "generated") / max(_total(rr, "decode_s"), 1e-12)
-                  for rr in ([r for r in mine if r["repeat"] == k] for k in reps)]
+        speeds = [
+            _total(rr, "generated") / max(_total(rr, "decode_s"), 1e-12)
+            for rr in ([r for r in mine if r["repeat"] == k] for k in reps)
+        ]
         gen, calls, drafted = _total(mine, "generated"), _total(mine, "target_calls"), _total(mine, "drafted")
         energies = [r["energy_j"] for r in mine]
         hist: dict[str, int] = {}
@@ -135,16 +160,24 @@ def aggregate(rows: list[dict]) -> dict:
             for k in r["accept_lengths"]:
                 hist[str(k)] = hist.get(str(k), 0) + 1
         out[method] = {
-            "runs": len(mine), "generated": gen, "target_calls": calls,
-            "tokens_per_s": statistics.median(speeds), "tokens_per_s_min": min(speeds), "tokens_per_s_max": max(speeds),
+            "runs": len(mine),
+            "generated": gen,
+            "target_calls": calls,
+            "tokens_per_s": statistics.median(speeds),
+            "tokens_per_s_min": min(speeds),
+            "tokens_per_s_max": max(speeds),
             "block_efficiency": gen / calls if calls else None,
             "acceptance_rate": _total(mine, "accepted") / drafted if drafted else None,
             "ppl": math.exp(-_total(mine, "logprob_sum") / gen) if gen else None,
             "cpu_s_per_token": _total(mine, "cpu_s") / gen if gen else None,
             "j_per_token": sum(energies) / gen if gen and all(e is not None for e in energies) else None,
             "peak_rss_mb": max(r["peak_rss_mb"] for r in mine),
-            "ttft_s": statistics.median(r["ttft_s"] for r in mine if r["ttft_s"] is not None) if any(r["ttft_s"] for r in mine) else None,
-            "draft_s": _total(mine, "draft_s"), "verify_s": _total(mine, "verify_s"), "other_s": _total(mine, "other_s"),
+            "ttft_s": statistics.median(r["ttft_s"] for r in mine if r["ttft_s"] is not None)
+            if any(r["ttft_s"] for r in mine)
+            else None,
+            "draft_s": _total(mine, "draft_s"),
+            "verify_s": _total(mine, "verify_s"),
+            "other_s": _total(mine, "other_s"),
             "accept_length_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
         }
     return out
@@ -155,7 +188,12 @@ RATIO_KEYS = ("tokens_per_s", "ppl", "cpu_s_per_token", "j_per_token", "block_ef
 
 def ratios(methods: dict) -> dict:
     """method / baseline for each figure, against ar and against sd when they ran."""
+
     def div(a, b):
         return a / b if a is not None and b else None
-    return {f"vs_{base}": {m: {k: div(agg[k], methods[base][k]) for k in RATIO_KEYS} for m, agg in methods.items()}
-            for base in ("ar", "sd") if base in methods}
+
+    return {
+        f"vs_{base}": {m: {k: div(agg[k], methods[base][k]) for k in RATIO_KEYS} for m, agg in methods.items()}
+        for base in ("ar", "sd")
+        if base in methods
+    }

@@ -1,4 +1,5 @@
 """Perplexity of generated text under the target's raw distribution (no temperature/top-k/top-p)."""
+
 from __future__ import annotations
 
 import math
@@ -21,14 +22,14 @@ def token_logprobs(target: Backend, prompt: list[int], generated: list[int], chu
     out = []
     pos = 0
     while pos < len(seq) - 1:
-        run = seq[pos:min(pos + chunk, len(seq) - 1)]
+        run = seq[pos : min(pos + chunk, len(seq) - 1)]
         batch = Batch()
         for i, t in enumerate(run):
             batch.add(t, pos + i, (0,), pos + i >= first)
         rows = target.decode(batch)
         if len(rows):
             logp = log_softmax(np.asarray(rows))
-            ids = np.array(seq[max(pos, first) + 1: pos + len(run) + 1])
+            ids = np.array(seq[max(pos, first) + 1 : pos + len(run) + 1])
             out.append(logp[np.arange(len(ids)), ids])
         pos += len(run)
     target.rollback(0, 0)

@@ -1,4 +1,5 @@
 """The `mtad-edge` command: a click group whose default command is `generate`."""
+
 from __future__ import annotations
 
 import click

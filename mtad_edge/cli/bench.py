@@ -1,4 +1,5 @@
 """`mtad-edge bench`: every method on a prompt set, with JSON, a Markdown report and plots."""
+
 from __future__ import annotations
 
 import datetime
@@ -50,17 +51,46 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
 @model_options
 @sampling_options
 @click.option("--methods", default="ar,sd,mtad", show_default=True, help="Comma-separated methods to compare.")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), help="JSONL with 'prompt' or 'messages' per line (default: a built-in set).")
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(dir_okay=False),
+    help="JSONL with 'prompt' or 'messages' per line (default: a built-in set).",
+)
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
-@click.option("--llama-cpp-bin", type=click.Path(file_okay=False, exists=True), help="Folder with llama.cpp's llama-bench and llama-speculative-simple for the native column.")
+@click.option(
+    "--llama-cpp-bin",
+    type=click.Path(file_okay=False, exists=True),
+    help="Folder with llama.cpp's llama-bench and llama-speculative-simple for the native column.",
+)
 @click.option("--sweep", is_flag=True, help="Also sweep MTAD's threshold, gamma and beam width; writes sweep.png.")
 @click.option("--sweep-thresholds", default="0.1,0.3,0.5,0.7,0.9", show_default=True)
 @click.option("--sweep-gammas", default="2,4,6", show_default=True)
 @click.option("--sweep-widths", default="1,2,4,8", show_default=True)
 @errors_as_click
-def bench(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, backend, provider, methods, prompts_file, repeats,
-          out_dir, llama_cpp_bin, sweep, sweep_thresholds, sweep_gammas, sweep_widths, **sampling):
+def bench(
+    pair,
+    manifest,
+    target,
+    aux,
+    n_ctx,
+    n_threads,
+    n_gpu_layers,
+    flash_attn,
+    backend,
+    provider,
+    methods,
+    prompts_file,
+    repeats,
+    out_dir,
+    llama_cpp_bin,
+    sweep,
+    sweep_thresholds,
+    sweep_gammas,
+    sweep_widths,
+    **sampling,
+):
     """Measure speed, acceptance, perplexity and energy of each method on the same pair and prompts."""
     methods = _methods(methods)
     base = decode_config(method="mtad", **{**sampling, "seed": sampling["seed"] or 0})  # reproducible by default
@@ -70,36 +100,66 @@ def bench(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_att
     paths = resolve(pair_or_manifest(pair, manifest), target, aux, say=lambda s: click.echo(s, err=True))
     threads = n_threads or default_threads()
     drafting = "mmtad" if "mmtad" in methods else ("mtad" if set(methods) != {"ar"} or points else "ar")
-    sizing = replace(base, method=drafting,  # room for every setting
-                     gamma=max([base.gamma] + [p["gamma"] for p in points]),
-                     beam_width=max([base.beam_width] + [p["beam_width"] for p in points]))
-    opts = ModelOptions(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                        backend=backend, provider=provider)
+    sizing = replace(
+        base,
+        method=drafting,  # room for every setting
+        gamma=max([base.gamma] + [p["gamma"] for p in points]),
+        beam_width=max([base.beam_width] + [p["beam_width"] for p in points]),
+    )
+    opts = ModelOptions(
+        n_ctx=n_ctx,
+        n_threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        flash_attn=flash_attn,
+        backend=backend,
+        provider=provider,
+    )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     total = repeats * len(prompts) * len(methods) + len(points) * len(prompts)
-    with open_pair(paths, sizing, opts) as models, \
-            click.progressbar(length=total, label="bench", file=sys.stderr) as bar:
+    with (
+        open_pair(paths, sizing, opts) as models,
+        click.progressbar(length=total, label="bench", file=sys.stderr) as bar,
+    ):
         rows = run_bench(models, prompts, cfg, bar.update)
         sweep_rows = []
         for p in points:
             one = BenchConfig(methods=("mtad",), repeats=1, decode=replace(base, **p))
             agg = aggregate(run_bench(models, prompts, one, bar.update))["mtad"]
-            sweep_rows.append({**p, **{k: agg[k] for k in ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl")}})
+            sweep_rows.append(
+                {**p, **{k: agg[k] for k in ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl")}}
+            )
         rendered = [render(models, item) for item in prompts]
     agg = aggregate(rows)
     results = {
-        "schema": 1, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "pair": {"name": paths.manifest.name if paths.manifest else Path(paths.target).stem,
-                 "target": str(paths.target), "aux": str(paths.aux) if paths.aux else None},
-        "config": {"methods": list(methods), "prompts": len(prompts), "repeats": repeats, "max_tokens": base.max_tokens,
-                   "temperature": base.sampling.temperature, "top_k": base.sampling.top_k, "top_p": base.sampling.top_p,
-                   "gamma": base.gamma, "beam_width": base.beam_width, "accept_threshold": base.accept_threshold,
-                   "seed": base.seed, "threads": threads, "prompts_file": prompts_file or "built-in"},
+        "schema": 1,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "pair": {
+            "name": paths.manifest.name if paths.manifest else Path(paths.target).stem,
+            "target": str(paths.target),
+            "aux": str(paths.aux) if paths.aux else None,
+        },
+        "config": {
+            "methods": list(methods),
+            "prompts": len(prompts),
+            "repeats": repeats,
+            "max_tokens": base.max_tokens,
+            "temperature": base.sampling.temperature,
+            "top_k": base.sampling.top_k,
+            "top_p": base.sampling.top_p,
+            "gamma": base.gamma,
+            "beam_width": base.beam_width,
+            "accept_threshold": base.accept_threshold,
+            "seed": base.seed,
+            "threads": threads,
+            "prompts_file": prompts_file or "built-in",
+        },
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_threads_used": threads},
-        "methods": agg, "ratios": ratios(agg),
+        "methods": agg,
+        "ratios": ratios(agg),
         "native": _native(llama_cpp_bin, paths, rendered, base, threads) if llama_cpp_bin else None,
-        "sweep": sweep_rows or None, "runs": rows,
+        "sweep": sweep_rows or None,
+        "runs": rows,
     }
     report.write_json(out, results)
     md = report.report_markdown(results)
@@ -108,8 +168,11 @@ def bench(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_att
     if sweep_rows:
         report.plot_sweep(out, sweep_rows)
     click.echo(md)
-    click.echo(f"wrote {out / 'results.json'}, {out / 'report.md'}" + (f", {png}" if png else
-               " (install matplotlib, e.g. mtad-edge[bench], for bench.png)"), err=True)
+    click.echo(
+        f"wrote {out / 'results.json'}, {out / 'report.md'}"
+        + (f", {png}" if png else " (install matplotlib, e.g. mtad-edge[bench], for bench.png)"),
+        err=True,
+    )
 
 
 def _native(bin_dir, paths, rendered, base, threads) -> dict:
@@ -117,11 +180,19 @@ def _native(bin_dir, paths, rendered, base, threads) -> dict:
     if paths.aux is None:
         raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
     res = {"llama-bench tg target": native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads)}
-    runs = [native.speculative_simple(Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens,
-                                      threads, base.gamma) for text in rendered]
+    runs = [
+        native.speculative_simple(
+            Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.gamma
+        )
+        for text in rendered
+    ]
     gen, sec = sum(r["generated"] for r in runs), sum(r["decode_s"] for r in runs)
     drafted, acc = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
     res[f"speculative-simple temp 0, draft {base.gamma}"] = {
-        "tool": "llama-speculative-simple", "tokens_per_s": gen / sec if sec else None,
-        "acceptance_rate": acc / drafted if drafted else None, "generated": gen, "runs": runs}
+        "tool": "llama-speculative-simple",
+        "tokens_per_s": gen / sec if sec else None,
+        "acceptance_rate": acc / drafted if drafted else None,
+        "generated": gen,
+        "runs": runs,
+    }
     return res

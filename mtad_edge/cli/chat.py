@@ -3,6 +3,7 @@
 The engine keeps the KV cache of the conversation so far, so each turn prefills only what is new.
 Ctrl-C stops the current answer and keeps the chat; Ctrl-D (end of input) leaves.
 """
+
 from __future__ import annotations
 
 import sys
@@ -13,8 +14,10 @@ from mtad_edge.cli.options import errors_as_click, method_option, model_options,
 from mtad_edge.runtime.decoding import METHODS
 from mtad_edge.runtime.errors import ContextOverflowError
 
-HELP = "/reset clears the conversation, /stats shows the last answer's stats, /method NAME switches " \
-       f"decoder ({', '.join(METHODS)}), /help, /quit. Ctrl-C stops an answer, Ctrl-D quits."
+HELP = (
+    "/reset clears the conversation, /stats shows the last answer's stats, /method NAME switches "
+    f"decoder ({', '.join(METHODS)}), /help, /quit. Ctrl-C stops an answer, Ctrl-D quits."
+)
 
 
 def _info(msg: str) -> None:
@@ -92,16 +95,43 @@ class ChatSession:
 @method_option
 @sampling_options
 @click.option("--system", help="System message for the conversation.")
-@click.option("--drop-oldest", is_flag=True, help="When the context is full, drop the oldest turns instead of refusing.")
+@click.option(
+    "--drop-oldest", is_flag=True, help="When the context is full, drop the oldest turns instead of refusing."
+)
 @errors_as_click
-def chat(pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, backend, provider, method, system, drop_oldest, **sampling):
+def chat(
+    pair,
+    manifest,
+    target,
+    aux,
+    n_ctx,
+    n_threads,
+    n_gpu_layers,
+    flash_attn,
+    backend,
+    provider,
+    method,
+    system,
+    drop_oldest,
+    **sampling,
+):
     """Chat with the model in the terminal (the pair's chat template, streaming answers)."""
     from mtad_edge.engine import Engine
 
     name = pair_or_manifest(pair, manifest)
-    engine = Engine.load(name, target=target, aux=aux, method=method, n_ctx=n_ctx, threads=n_threads,
-                         n_gpu_layers=n_gpu_layers, flash_attn=flash_attn, backend=backend, provider=provider,
-                         **sampling)
+    engine = Engine.load(
+        name,
+        target=target,
+        aux=aux,
+        method=method,
+        n_ctx=n_ctx,
+        threads=n_threads,
+        n_gpu_layers=n_gpu_layers,
+        flash_attn=flash_attn,
+        backend=backend,
+        provider=provider,
+        **sampling,
+    )
     session = ChatSession(engine, method, system, drop_oldest)
     _info(f"mtad-edge chat ({name or target or 'smollm2-135m'}, method {method}). {HELP}")
     try:

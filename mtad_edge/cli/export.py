@@ -1,4 +1,5 @@
 """`mtad-edge export gguf`: HF checkpoints -> a quantized GGUF pair and its manifest."""
+
 from __future__ import annotations
 
 import sys
@@ -17,14 +18,37 @@ def export():
 
 
 @export.command("gguf")
-@click.option("--target", required=True, type=click.Path(exists=True, file_okay=False), help="HF folder of the target model.")
-@click.option("--aux", required=True, help="HF folder of the draft model, or 'from-target' to quantize the target more strongly.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the GGUF files and manifest.json.")
-@click.option("--target-quant", default="Q4_K_M", show_default=True, help="Any llama.cpp quantization type (F16, Q8_0, Q4_K_M, ...).")
+@click.option(
+    "--target", required=True, type=click.Path(exists=True, file_okay=False), help="HF folder of the target model."
+)
+@click.option(
+    "--aux", required=True, help="HF folder of the draft model, or 'from-target' to quantize the target more strongly."
+)
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="Folder for the GGUF files and manifest.json."
+)
+@click.option(
+    "--target-quant",
+    default="Q4_K_M",
+    show_default=True,
+    help="Any llama.cpp quantization type (F16, Q8_0, Q4_K_M, ...).",
+)
 @click.option("--aux-quant", default="Q4_0", show_default=True)
-@click.option("--outtype", type=click.Choice(["f16", "bf16", "f32"]), default="f16", show_default=True, help="Converter output before quantization.")
+@click.option(
+    "--outtype",
+    type=click.Choice(["f16", "bf16", "f32"]),
+    default="f16",
+    show_default=True,
+    help="Converter output before quantization.",
+)
 @click.option("--name", help="Pair name in the manifest (default: the --out folder name).")
-@click.option("--ctx-size", type=click.IntRange(min=32), default=2048, show_default=True, help="context_size written to the manifest.")
+@click.option(
+    "--ctx-size",
+    type=click.IntRange(min=32),
+    default=2048,
+    show_default=True,
+    help="context_size written to the manifest.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing export in --out.")
 @errors_as_click
 def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, overwrite):
@@ -33,25 +57,58 @@ def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, ove
         from mtad_edge.export import FROM_TARGET, GgufExport, export_gguf
     except ImportError as e:
         raise click.ClickException(f"the export needs its extra: pip install 'mtad-edge[export]' ({e.name} missing)")
-    job = GgufExport(Path(target), aux if aux == FROM_TARGET else str(Path(aux)), Path(out), target_quant, aux_quant,
-                     outtype, overwrite, name, ctx_size)
+    job = GgufExport(
+        Path(target),
+        aux if aux == FROM_TARGET else str(Path(aux)),
+        Path(out),
+        target_quant,
+        aux_quant,
+        outtype,
+        overwrite,
+        name,
+        ctx_size,
+    )
     steps = STEPS_SELF if aux == FROM_TARGET else STEPS_SIBLING
     with click.progressbar(length=steps, label="export", file=sys.stderr, show_pos=True) as bar:
+
         def step(msg: str) -> None:
             bar.label = msg[:60]
             bar.update(1)
+
         manifest = export_gguf(job, step)
     click.echo(str(manifest))
 
 
 @export.command("onnx")
-@click.option("--target", required=True, type=click.Path(exists=True, file_okay=False), help="HF folder of the target model.")
+@click.option(
+    "--target", required=True, type=click.Path(exists=True, file_okay=False), help="HF folder of the target model."
+)
 @click.option("--aux", required=True, help="HF folder of the draft model, or 'from-target'.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for target/, aux/ and manifest.json.")
-@click.option("--quant", type=click.Choice(["int4", "int8", "fp16", "fp32"]), default="int4", show_default=True, help="Target weights.")
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="Folder for target/, aux/ and manifest.json."
+)
+@click.option(
+    "--quant",
+    type=click.Choice(["int4", "int8", "fp16", "fp32"]),
+    default="int4",
+    show_default=True,
+    help="Target weights.",
+)
 @click.option("--aux-quant", type=click.Choice(["int4", "int8", "fp16", "fp32"]), default="int4", show_default=True)
-@click.option("--block-size", type=click.Choice(["16", "32", "64", "128", "256"]), default="32", show_default=True, help="int4 block size.")
-@click.option("--accuracy-level", type=click.Choice(["0", "1", "2", "3", "4"]), default="0", show_default=True, help="int4 compute type (4 = int8: faster on CPU, flips near-ties).")
+@click.option(
+    "--block-size",
+    type=click.Choice(["16", "32", "64", "128", "256"]),
+    default="32",
+    show_default=True,
+    help="int4 block size.",
+)
+@click.option(
+    "--accuracy-level",
+    type=click.Choice(["0", "1", "2", "3", "4"]),
+    default="0",
+    show_default=True,
+    help="int4 compute type (4 = int8: faster on CPU, flips near-ties).",
+)
 @click.option("--name", help="Pair name in the manifest (default: the --out folder name).")
 @click.option("--ctx-size", type=click.IntRange(min=32), default=2048, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing export in --out.")
@@ -63,12 +120,25 @@ def onnx(target, aux, out, quant, aux_quant, block_size, accuracy_level, name, c
         import optimum.exporters.onnx  # noqa: F401
     except ImportError as e:
         raise click.ClickException(f"the export needs its extra: pip install 'mtad-edge[export]' ({e.name} missing)")
-    job = OnnxExport(Path(target), aux if aux == FROM_TARGET else str(Path(aux)), Path(out), quant, aux_quant,
-                     int(block_size), int(accuracy_level), overwrite, name, ctx_size)
-    with click.progressbar(length=STEPS_SELF if aux == FROM_TARGET else STEPS_SIBLING, label="export",
-                           file=sys.stderr, show_pos=True) as bar:
+    job = OnnxExport(
+        Path(target),
+        aux if aux == FROM_TARGET else str(Path(aux)),
+        Path(out),
+        quant,
+        aux_quant,
+        int(block_size),
+        int(accuracy_level),
+        overwrite,
+        name,
+        ctx_size,
+    )
+    with click.progressbar(
+        length=STEPS_SELF if aux == FROM_TARGET else STEPS_SIBLING, label="export", file=sys.stderr, show_pos=True
+    ) as bar:
+
         def step(msg: str) -> None:
             bar.label = msg[:60]
             bar.update(1)
+
         manifest = export_onnx(job, step)
     click.echo(str(manifest))

@@ -1,4 +1,5 @@
 """`mtad-edge generate PROMPT`: one completion, streamed to stdout or as one JSON object."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,23 @@ def _say(msg: str) -> None:
 @click.option("--system", help="System message (with --chat).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, stats} on stdout.")
 @errors_as_click
-def generate(prompt, pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers, flash_attn, backend, provider, chat, system, as_json, **decode):
+def generate(
+    prompt,
+    pair,
+    manifest,
+    target,
+    aux,
+    n_ctx,
+    n_threads,
+    n_gpu_layers,
+    flash_attn,
+    backend,
+    provider,
+    chat,
+    system,
+    as_json,
+    **decode,
+):
     """Generate a completion of PROMPT with the target model, drafting with the auxiliary one."""
     cfg = decode_config(**decode)
     pair = pair_or_manifest(pair, manifest)
@@ -34,8 +51,14 @@ def generate(prompt, pair, manifest, target, aux, n_ctx, n_threads, n_gpu_layers
     if (target is None) != (aux is None) and cfg.method != "ar" and not pair:
         raise click.UsageError("give both --target and --aux (or --method ar with --target alone)")
     paths = resolve(pair, target, aux, say=_say)
-    opts = ModelOptions(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                        backend=backend, provider=provider)
+    opts = ModelOptions(
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        n_gpu_layers=n_gpu_layers,
+        flash_attn=flash_attn,
+        backend=backend,
+        provider=provider,
+    )
     with open_pair(paths, cfg, opts) as models:
         text = prompt
         if chat:

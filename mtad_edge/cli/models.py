@@ -1,4 +1,5 @@
 """`mtad-edge models list|prepare|path`: the named pairs and their prepared files."""
+
 from __future__ import annotations
 
 import click

@@ -3,6 +3,7 @@
 Requests run one at a time (the engine's lock); up to ``queue_size`` more wait, the rest get a
 429. A streaming client that disconnects cancels its generation at the next block.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,9 @@ from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server import protocol as P
 
 
-def create_app(engine: Engine, model_name: str, api_key: str | None = None, queue_size: int = 8,
-               max_body: int = 1 << 20) -> FastAPI:
+def create_app(
+    engine: Engine, model_name: str, api_key: str | None = None, queue_size: int = 8, max_body: int = 1 << 20
+) -> FastAPI:
     app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None)
     pool = ThreadPoolExecutor(max_workers=queue_size + 1, thread_name_prefix="mtad-gen")
     slots = threading.BoundedSemaphore(queue_size + 1)  # one running + queue_size waiting
@@ -39,7 +41,10 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, queu
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mtad-edge"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mtad-edge"}],
+        }
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -63,8 +68,13 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, queu
         except (ValueError, MtadEdgeError) as e:
             return _error(P.BadRequest(str(e)))
         if not slots.acquire(blocking=False):
-            return _error(P.BadRequest(f"server busy: {queue_size} requests already waiting; retry later",
-                                       status=429, kind="rate_limit_error"))
+            return _error(
+                P.BadRequest(
+                    f"server busy: {queue_size} requests already waiting; retry later",
+                    status=429,
+                    kind="rate_limit_error",
+                )
+            )
         rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
         if body.get("stream"):
             return StreamingResponse(_stream(response, kind, rid, n_prompt), media_type="text/event-stream")
@@ -75,8 +85,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, queu
         finally:
             slots.release()
         stats = response.stats.to_dict() if response.stats else {}
-        return P.full(kind, rid, model_name, text, P.finish_reason(response.finish_reason), n_prompt,
-                      len(response.tokens), stats)
+        return P.full(
+            kind, rid, model_name, text, P.finish_reason(response.finish_reason), n_prompt, len(response.tokens), stats
+        )
 
     async def _stream(response: Response, kind: str, rid: str, n_prompt: int) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()

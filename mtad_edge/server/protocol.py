@@ -1,4 +1,5 @@
 """OpenAI request parsing and response shapes for /v1/completions and /v1/chat/completions."""
+
 from __future__ import annotations
 
 import time
@@ -11,7 +12,9 @@ from mtad_edge.runtime.decoding import METHODS
 class BadRequest(Exception):
     """A 400 with an OpenAI-style error body."""
 
-    def __init__(self, message: str, param: Optional[str] = None, status: int = 400, kind: str = "invalid_request_error"):
+    def __init__(
+        self, message: str, param: Optional[str] = None, status: int = 400, kind: str = "invalid_request_error"
+    ):
         super().__init__(message)
         self.message, self.param, self.status, self.kind = message, param, status, kind
 
@@ -27,8 +30,11 @@ def _number(body: dict, name: str, kind, lo=None, hi=None, lo_open=False):
         raise BadRequest(f"'{name}' must be {'a number' if kind is float else 'an integer'}", name)
     if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
         bound = f"{'>' if lo_open else '>='} {lo}" if lo is not None else ""
-        raise BadRequest(f"'{name}' is out of range ({bound}{' and ' if lo is not None and hi is not None else ''}"
-                         f"{f'<= {hi}' if hi is not None else ''})", name)
+        raise BadRequest(
+            f"'{name}' is out of range ({bound}{' and ' if lo is not None and hi is not None else ''}"
+            f"{f'<= {hi}' if hi is not None else ''})",
+            name,
+        )
     return kind(v)
 
 
@@ -101,11 +107,16 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def chunk(kind: str, rid: str, model: str, created: int, text: Optional[str], reason: Optional[str], role: bool = False) -> dict:
+def chunk(
+    kind: str, rid: str, model: str, created: int, text: Optional[str], reason: Optional[str], role: bool = False
+) -> dict:
     """One streamed SSE event body."""
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
@@ -120,10 +131,22 @@ def chunk(kind: str, rid: str, model: str, created: int, text: Optional[str], re
 def full(kind: str, rid: str, model: str, text: str, reason: str, prompt_tokens: int, tokens: int, stats: dict) -> dict:
     created = int(time.time())
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "logprobs": None}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": reason,
+            "logprobs": None,
+        }
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(prompt_tokens, tokens), "mtad_stats": stats}
+    return {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, tokens),
+        "mtad_stats": stats,
+    }
