@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from mtad_edge.pairs import quantize, sha256_file
 from mtad_edge.runtime.errors import MtadEdgeError
 
-from .staging import Progress, mark_self_draft, preflight, publish, staging
+from mtad_edge.pairs import quantize, sha256_file
+
+from .staging import Progress, pair_manifest, preflight, publish, staging
 
 
 @dataclass(frozen=True)
@@ -83,16 +84,12 @@ def _manifest(job: GgufExport, name: str, files: dict, stage: Path, self_draft: 
             },
         }
 
-    aux = variant("aux", job.aux_quant)
-    if self_draft:
-        mark_self_draft(aux)
-    return {
-        "schema": 1,
-        "name": name,
-        "description": f"exported from {job.target} (target) and {job.aux} (aux)",
-        "context_size": job.context_size,
-        "chat_template": {"source": "gguf"},
-        "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
-        "target": variant("target", job.target_quant),
-        "aux": aux,
-    }
+    return pair_manifest(
+        job,
+        name,
+        variant("target", job.target_quant),
+        variant("aux", job.aux_quant),
+        self_draft,
+        description=f"exported from {job.target} (target) and {job.aux} (aux)",
+        chat_template={"source": "gguf"},
+    )

@@ -10,12 +10,13 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from mtad_edge.pairs import sha256_file
 from mtad_edge.runtime.errors import MtadEdgeError
 
-from .staging import Progress, mark_self_draft, preflight, publish, staging
+from mtad_edge.pairs import sha256_file
+
+from .staging import Progress, pair_manifest, preflight, publish, staging
 
 QUANTS = ("int4", "int8", "fp16", "fp32")
 
@@ -97,27 +98,27 @@ def export_onnx(job: OnnxExport, say: Progress = lambda s: None) -> Path:
 
 
 def _manifest(job: OnnxExport, stage: Path, self_draft: bool) -> dict:
-    def variant(role: str, quant: str) -> dict:
+    def variant(role: str, quant: str) -> dict[str, Any]:
+        derive: dict[str, Any] = {
+            "tool": "optimum-onnx text-generation-with-past + onnxruntime.quantization",
+            "quant": quant,
+        }
         v = {
             "file": f"{role}/model.onnx",
             "sha256": sha256_file(stage / role / "model.onnx"),
-            "derive": {"tool": "optimum-onnx text-generation-with-past + onnxruntime.quantization", "quant": quant},
+            "derive": derive,
         }
         if quant == "int4":
-            v["derive"].update(block_size=job.block_size, accuracy_level=job.accuracy_level)
+            derive.update(block_size=job.block_size, accuracy_level=job.accuracy_level)
         return v
 
-    aux = variant("aux", job.aux_quant)
-    if self_draft:
-        mark_self_draft(aux)
-    return {
-        "schema": 1,
-        "name": job.name or job.out.name,
-        "format": "onnx",
-        "description": f"ONNX export of {job.target} (target) and {job.aux} (aux)",
-        "context_size": job.context_size,
-        "chat_template": {"source": "tokenizer_config"},
-        "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
-        "target": variant("target", job.quant),
-        "aux": aux,
-    }
+    return pair_manifest(
+        job,
+        job.name or job.out.name,
+        variant("target", job.quant),
+        variant("aux", job.aux_quant),
+        self_draft,
+        format="onnx",
+        description=f"ONNX export of {job.target} (target) and {job.aux} (aux)",
+        chat_template={"source": "tokenizer_config"},
+    )

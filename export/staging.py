@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any
 
 from mtad_edge.runtime.errors import MtadEdgeError
 
@@ -67,7 +68,20 @@ def publish(stage: Path, out: Path, names: list[str], manifest: dict) -> Path:
     return manifest_path
 
 
-def mark_self_draft(aux_entry: dict) -> dict:
-    aux_entry["self_draft"] = True
-    aux_entry["note"] = "no sibling model: the aux is the target quantized more strongly"
-    return aux_entry
+def pair_manifest(
+    job: Any, name: str, target: dict[str, Any], aux: dict[str, Any], self_draft: bool, **fields: Any
+) -> dict[str, Any]:
+    """The schema-1 manifest of an exported pair: ``target``/``aux`` are the two file entries,
+    ``fields`` the format's own keys (format, description, chat_template)."""
+    if self_draft:
+        aux["self_draft"] = True
+        aux["note"] = "no sibling model: the aux is the target quantized more strongly"
+    return {
+        "schema": 1,
+        "name": name,
+        **fields,
+        "context_size": job.context_size,
+        "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
+        "target": target,
+        "aux": aux,
+    }

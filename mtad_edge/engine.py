@@ -1,4 +1,4 @@
-"""The embeddable Python API: ``Engine.load(...)``, ``engine.generate(...)`` -> lazy ``Response``.
+"""The one path every command takes: ``Engine`` loads a pair, ``Response`` runs a request.
 
     from mtad_edge import Engine
 
@@ -14,36 +14,20 @@ it is being iterated, so finish it (iterate to the end, ``.text()``) or ``close(
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator, Optional, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import fields
+from typing import Any, Optional
+
+import numpy as np
 
 from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
-from mtad_edge.pairs import resolve
-from mtad_edge.runtime.decoding import DecodeConfig, Generation, KVState, Stats
-from mtad_edge.runtime.sampling import SamplingConfig
-from mtad_edge.textstream import TextStream
-
-
-class StopText:
-    """Cuts streamed text at the first stop string, holding back any tail that could still
-    become one, so a stop string is never emitted in part."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = [s for s in stops if s]
-        self.buf = ""
-
-    def push(self, piece: str) -> tuple[str, bool]:
-        self.buf += piece
-        hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.buf = self.buf[: min(hits)], ""
-            return out, True
-        hold = max((k for s in self.stops for k in range(1, len(s)) if self.buf.endswith(s[:k])), default=0)
-        out, self.buf = self.buf[: len(self.buf) - hold], self.buf[len(self.buf) - hold :]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.buf = self.buf, ""
-        return out
+from mtad_edge.pairs import Pair, resolve
+from mtad_edge.runtime import methods
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.decoding import Generation, Stats
+from mtad_edge.runtime.errors import OptionError
+from mtad_edge.runtime.options import check
+from mtad_edge.textstream import StopText, TextStream
 
 
 class Response:
@@ -51,37 +35,47 @@ class Response:
     a stop string) or call ``text()``. ``tokens``, ``stats`` and ``finish_reason`` are filled as
     it runs. ``cancel()`` may be called from any thread."""
 
-    def __init__(self, engine: "Engine", gen: Generation, stop: Sequence[str]):
+    def __init__(self, engine: Engine, gen: Generation, stop: Sequence[str]):
         self._engine, self._gen, self._stop = engine, gen, list(stop)
-        self.prompt_tokens = len(gen.tokens)
+        self.prompt_ids: list[int] = list(gen.tokens)
+        self.prompt_tokens = len(self.prompt_ids)
         self._cancel = threading.Event()
-        self._chunks: Optional[Iterator[str]] = None
+        self._chunks: Optional[Generator[str, None, None]] = None
         self._text: list[str] = []
         self.tokens: list[int] = []
-        self.stats: Optional[Stats] = None
+        self.stats: Stats = gen.stats
         self.finish_reason: Optional[str] = None
 
     def cancel(self) -> None:
         self._cancel.set()
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Generator[str, None, None]:
         if self._chunks is None:
             self._chunks = self._run()
         return self._chunks
 
     def text(self) -> str:
+        """The whole answer (runs it to the end first); the text so far once it stopped."""
         for _ in self:
             pass
         return "".join(self._text)
+
+    def text_so_far(self) -> str:
+        return "".join(self._text)
+
+    def interrupted(self) -> None:
+        """Record that the caller stopped the run (Ctrl-C, SIGTERM): what was made is kept."""
+        self.close()
+        self.finish_reason = self.stats.finish_reason = "interrupted"
 
     def close(self) -> None:
         if self._chunks is not None:
             self._chunks.close()
 
-    def __enter__(self) -> "Response":
+    def __enter__(self) -> Response:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def _emit(self, piece: str) -> Iterator[str]:
@@ -89,11 +83,10 @@ class Response:
             self._text.append(piece)
             yield piece
 
-    def _run(self) -> Iterator[str]:
+    def _run(self) -> Generator[str, None, None]:
         eng, gen = self._engine, self._gen
-        with eng._lock:
+        with eng._hold():
             models = eng._require_open()
-            self.stats = gen.stats
             text, stop = TextStream(models.target), StopText(self._stop)
             blocks = iter(gen)
             try:
@@ -111,19 +104,43 @@ class Response:
                 yield from self._emit(out + stop.flush())
                 self.finish_reason = gen.stats.finish_reason
             finally:
-                blocks.close()  # ends the run cleanly (the KV state stays reusable)
+                blocks.close()  # ends the run cleanly (the caches stay reusable)
                 if self.finish_reason is None:
                     self.finish_reason = "cancelled"
+
+
+_LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
 
 class Engine:
     """A loaded target/aux pair serving one request at a time."""
 
-    def __init__(self, models: LoadedPair, defaults: DecodeConfig):
+    def __init__(self, models: LoadedPair, defaults: DecodeConfig, capacity: Optional[tuple[int, int]] = None):
         self._models: Optional[LoadedPair] = models
         self._defaults = defaults
+        self._gamma_cap: int
+        self._width_cap: int
+        self._gamma_cap, self._width_cap = capacity or (defaults.gamma, defaults.beam_width)
         self._lock = threading.Lock()
-        self._kv = KVState()
+        self._owner: Optional[int] = None  # the thread iterating a response
+
+    @classmethod
+    def open(
+        cls,
+        pair: Pair,
+        options: ModelOptions = ModelOptions(),
+        defaults: DecodeConfig = DecodeConfig(),
+        method_names: Optional[Sequence[str]] = None,
+        capacity: Optional[tuple[int, int]] = None,
+    ) -> Engine:
+        """Load ``pair`` for ``method_names`` (default: every method it can run) with room for
+        ``capacity`` = (gamma, beam width) at most (default: the defaults' own)."""
+        if method_names is None:
+            method_names = [m for m in methods.names() if pair.aux is not None or not methods.get(m).needs_aux]
+        if defaults.method not in method_names:
+            method_names = [*method_names, defaults.method]
+        gamma, width = capacity or (defaults.gamma, defaults.beam_width)
+        return cls(open_pair(pair, method_names, gamma, width, options), defaults, (gamma, width))
 
     @classmethod
     def load(
@@ -133,48 +150,43 @@ class Engine:
         target: Optional[str] = None,
         aux: Optional[str] = None,
         manifest: Optional[str] = None,
-        backend: str = "auto",
-        provider: str = "auto",
-        method: str = "mtad",
-        gamma: int = 4,
-        beam_width: int = 4,
-        n_ctx: Optional[int] = None,
-        threads: Optional[int] = None,
-        n_gpu_layers: Optional[int] = None,
-        flash_attn: Optional[bool] = None,
-        **defaults: Any,
-    ) -> "Engine":
+        method_names: Optional[Sequence[str]] = None,
+        say: Callable[[str], None] = lambda s: None,
+        **kwargs: Any,
+    ) -> Engine:
         """Load a named pair / manifest, or ``target`` (+ ``aux``) model files: GGUF files run on
-        llama.cpp, ONNX model folders on ONNX Runtime (``backend`` forces one). ``gamma`` and
-        ``beam_width`` are also the most a request may ask for; other keyword arguments become
-        request defaults (temperature, top_k, top_p, accept_threshold, max_tokens, seed)."""
-        base = _config(DecodeConfig(method=method, gamma=gamma, beam_width=beam_width), defaults)
-        paths = resolve(pair or manifest, target, aux)
-        sizing = DecodeConfig(method="mmtad" if paths.aux else "ar", gamma=gamma, beam_width=beam_width)
-        models = open_pair(
-            paths,
-            sizing,
-            ModelOptions(
-                n_ctx=n_ctx,
-                n_threads=threads,
-                n_gpu_layers=n_gpu_layers,
-                flash_attn=flash_attn,
-                backend=backend,
-                provider=provider,
-            ),
-        )
-        return cls(models, base)
+        llama.cpp, ONNX model folders on ONNX Runtime. Keyword arguments are ModelOptions
+        (n_ctx, threads, n_gpu_layers, flash_attn, backend, provider) or request defaults
+        (method, gamma, beam_width, temperature, ...); ``gamma`` and ``beam_width`` are also the
+        most a request may ask for."""
+        options = ModelOptions(**{k: kwargs.pop(k) for k in _LOAD_FIELDS if k in kwargs})
+        defaults = DecodeConfig().with_options(kwargs)
+        return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names)
 
     def generate(self, prompt: str, *, stop: Sequence[str] = (), **options: Any) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
-        gamma, beam_width, accept_threshold, seed."""
+        gamma, beam_width, accept_threshold, seed. The cached prefix of the last request is reused."""
+        if not isinstance(prompt, str):
+            raise OptionError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
         models = self._require_open()
-        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), self._request(options), kv=self._kv)
-        return Response(self, gen, stop)  # prompt length is checked here, before any work
+        cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
+        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg)
+        return Response(self, gen, stops)  # prompt length is checked here, before any work
 
     def chat(self, messages: list[dict[str, str]], *, stop: Sequence[str] = (), **options: Any) -> Response:
         """Answer a conversation rendered with the pair's chat template."""
-        return self.generate(self._require_open().render_chat(messages), stop=stop, **options)
+        return self.generate(self.render_chat(messages), stop=stop, **options)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """Messages -> prompt text with the pair's chat template."""
+        return self._require_open().render_chat(messages)
+
+    def score(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """log p_target(token | prefix) of each of ``tokens`` after ``prompt_ids`` (raw logits)."""
+        from mtad_edge.bench.score import token_logprobs
+
+        with self._hold():
+            return token_logprobs(self._require_open().target, list(prompt_ids), list(tokens))
 
     def tokenize(self, text: str) -> list[int]:
         return self._require_open().target.tokenize(text)
@@ -183,44 +195,62 @@ class Engine:
     def n_ctx(self) -> int:
         return self._require_open().target.n_ctx
 
+    @property
+    def pair(self) -> Pair:
+        return self._require_open().pair
+
+    @property
+    def defaults(self) -> DecodeConfig:
+        return self._defaults
+
     def close(self) -> None:
-        with self._lock:
+        with self._hold():
             if self._models is not None:
                 self._models.close()
                 self._models = None
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    # -- internals --------------------------------------------------------------------------------
+    def _hold(self) -> _Held:
+        if self._owner == threading.get_ident():
+            raise RuntimeError(
+                "another response of this engine is being iterated in this thread: "
+                "finish it (or close() it) before starting the next"
+            )
+        return _Held(self)
 
     def _require_open(self) -> LoadedPair:
         if self._models is None:
             raise RuntimeError("this engine is closed")
         return self._models
 
-    def _request(self, options: dict) -> DecodeConfig:
-        cfg = _config(self._defaults, options)
-        if cfg.method != "ar" and self._require_open().aux is None:
-            raise ValueError(f"method {cfg.method} needs an auxiliary model; this engine has only a target")
-        if cfg.gamma > self._defaults.gamma or cfg.beam_width > self._defaults.beam_width:
-            raise ValueError(
-                f"this engine was loaded for gamma <= {self._defaults.gamma} and "
-                f"beam_width <= {self._defaults.beam_width}"
+    def _request(self, options: dict[str, Any]) -> DecodeConfig:
+        cfg = self._defaults.with_options(options)
+        if methods.get(cfg.method).needs_aux and self._require_open().aux is None:
+            raise OptionError(f"method {cfg.method} needs an auxiliary model; this engine has only a target", "method")
+        if cfg.gamma > self._gamma_cap or cfg.beam_width > self._width_cap:
+            param = "gamma" if cfg.gamma > self._gamma_cap else "beam_width"
+            raise OptionError(
+                f"this engine was loaded for gamma <= {self._gamma_cap} and beam_width <= {self._width_cap}", param
             )
         return cfg
 
 
-_SAMPLING = ("temperature", "top_k", "top_p")
-_DECODE = ("method", "max_tokens", "gamma", "beam_width", "accept_threshold", "seed")
+class _Held:
+    """The engine's lock, owned by the thread that runs a request."""
 
+    def __init__(self, engine: Engine):
+        self.engine = engine
 
-def _config(base: DecodeConfig, options: dict) -> DecodeConfig:
-    """``base`` with per-request options; unknown names and bad values raise ValueError."""
-    unknown = set(options) - set(_SAMPLING) - set(_DECODE)
-    if unknown:
-        raise ValueError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    s = base.sampling
-    sampling = SamplingConfig(**{k: options.get(k, getattr(s, k)) for k in _SAMPLING})
-    return DecodeConfig(sampling=sampling, **{k: options.get(k, getattr(base, k)) for k in _DECODE})
+    def __enter__(self) -> None:
+        self.engine._lock.acquire()
+        self.engine._owner = threading.get_ident()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.engine._owner = None
+        self.engine._lock.release()

@@ -1,49 +1,57 @@
-"""Open a target/aux pair on llama.cpp, sized for a decoding config, and check they match."""
+"""Open a target/aux pair, each model on the backend its file calls for, with contexts sized for
+the methods that will run on it (each method's ``layout`` says what a step needs)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from mtad_edge.pairs import Pair
+from mtad_edge.runtime import methods
+from mtad_edge.runtime.backend import Backend
 from mtad_edge.runtime.compat import check_pair
-from mtad_edge.runtime.decoding import DecodeConfig
-from mtad_edge.runtime.drafter import beam_slots
 from mtad_edge.runtime.errors import MtadEdgeError
 
-
 BACKENDS = ("auto", "llama.cpp", "onnx")
+PROVIDERS = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
 class ModelOptions:
-    n_ctx: Optional[int] = None  # None: the manifest's context_size, else 2048
-    n_threads: Optional[int] = None
+    """How models are loaded (not what a request asks for): the same for every command."""
+
+    n_ctx: Optional[int] = None  # committed tokens a run may hold; None: the manifest's context_size, else 2048
+    threads: Optional[int] = None  # None: all usable cores
     n_gpu_layers: Optional[int] = None  # llama.cpp; None: all layers when the build can offload, else 0
-    flash_attn: Optional[bool] = None  # llama.cpp
+    flash_attn: Optional[bool] = None  # llama.cpp; None: llama.cpp decides
     backend: str = "auto"  # auto: llama.cpp for .gguf files, ONNX Runtime for model folders / .onnx
     provider: str = "auto"  # ONNX Runtime: auto (CUDA when available) | cpu | cuda
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise MtadEdgeError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.provider not in PROVIDERS:
+            raise MtadEdgeError(f"unknown provider {self.provider!r} (choose from {', '.join(PROVIDERS)})")
 
 
 def _backend_for(path: Path, requested: str) -> str:
     kind = "onnx" if Path(path).is_dir() or Path(path).suffix == ".onnx" else "llama.cpp"
-    if requested not in BACKENDS:
-        raise MtadEdgeError(f"unknown backend {requested!r} (choose from {', '.join(BACKENDS)})")
     if requested != "auto" and requested != kind:
         raise MtadEdgeError(f"--backend {requested} cannot run {path} (that is a {kind} model)")
     return kind
 
 
-def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True):
+def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True) -> Backend:
     """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX. ``spin``:
     ONNX Runtime's idle threads may spin-wait (only for a model loaded alone, see OrtConfig.spin)."""
     if _backend_for(path, opts.backend) == "onnx":
         from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
         return OrtBackend(
-            path,
-            OrtConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.n_threads, provider=opts.provider, spin=spin),
+            path, OrtConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.threads, provider=opts.provider, spin=spin)
         )
     from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
@@ -52,7 +60,7 @@ def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spi
         LlamaCppConfig(
             n_ctx=n_ctx,
             n_seq_max=n_seq_max,
-            n_threads=opts.n_threads,
+            n_threads=opts.threads,
             n_gpu_layers=_gpu_layers(opts.n_gpu_layers),
             flash_attn=opts.flash_attn,
         ),
@@ -62,24 +70,24 @@ def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spi
 class LoadedPair:
     """The two backends of a pair; a context manager that closes both."""
 
-    def __init__(self, target, aux, pair: Pair):
+    def __init__(self, target: Backend, aux: Optional[Backend], pair: Pair):
         self.target, self.aux, self.pair = target, aux, pair
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Messages -> prompt text with the template the manifest names (default: the GGUF's)."""
+        """Messages -> prompt text with the template the manifest names (default: the model's)."""
         spec = (self.pair.manifest.data.get("chat_template") or {}) if self.pair.manifest else {}
         name = spec.get("name") if spec.get("source") == "builtin" else None
         return self.target.apply_chat_template(messages, template=name)
 
     def close(self) -> None:
-        for m in (self.target, self.aux):
+        for m in (self.aux, self.target):
             if m is not None:
                 m.close()
 
-    def __enter__(self) -> "LoadedPair":
+    def __enter__(self) -> LoadedPair:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
@@ -91,35 +99,33 @@ def _gpu_layers(requested: Optional[int]) -> int:
     return -1 if llama_cpp.llama_supports_gpu_offload() else 0
 
 
-def open_pair(pair: Pair, cfg: DecodeConfig, opts: ModelOptions = ModelOptions()) -> LoadedPair:
-    """Load the target (and the aux unless ``cfg.method`` is ar) with contexts sized for ``cfg``.
-    Each model runs on the backend its file calls for, so mixed GGUF/ONNX pairs work."""
-    if pair.target is None:
+def open_pair(
+    pair: Pair, method_names: Iterable[str], gamma: int, width: int, opts: ModelOptions = ModelOptions()
+) -> LoadedPair:
+    """Load the target, and the aux when one of ``method_names`` drafts, with contexts that hold
+    ``n_ctx`` committed tokens plus what a step of any of those methods needs at ``gamma`` and
+    ``width``. Each model runs on the backend its file calls for, so mixed GGUF/ONNX pairs work."""
+    chosen = [methods.get(m) for m in method_names]
+    target_path, aux_path = pair.target, pair.aux
+    if target_path is None:
         raise MtadEdgeError("--aux needs --target")
-    if cfg.method != "ar" and pair.aux is None:
-        raise MtadEdgeError(f"method {cfg.method} needs an auxiliary model: give --aux (or use --method ar)")
+    drafting = [m.name for m in chosen if m.needs_aux]
+    if drafting and aux_path is None:
+        raise MtadEdgeError(f"method {drafting[0]} needs an auxiliary model: give --aux (or use --method ar)")
+    layout = reduce(lambda a, b: a.union(b), (m.layout(gamma, width) for m in chosen))
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
-    tree = cfg.method == "mmtad"  # the target then verifies w beams as w sequences at once
-    target = load_backend(
-        Path(pair.target),
-        n_ctx + (cfg.lookahead - cfg.gamma - 1 if tree else 0),
-        cfg.width + 1 if tree else 1,
-        opts,
-        spin=cfg.method == "ar",
-    )
-    if cfg.method == "ar":
+    target = load_backend(Path(target_path), n_ctx + layout.target_cells, layout.target_seqs, opts, spin=not drafting)
+    if aux_path is None or not drafting:
         return LoadedPair(target, None, pair)
-    slots = beam_slots(cfg.width)
     try:
-        # Beams add up to 2w(gamma-1) cells beside the committed text in the unified cache.
-        aux = load_backend(Path(pair.aux), n_ctx + slots * cfg.gamma, slots, opts, spin=False)
-    except Exception:
+        aux = load_backend(Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, opts, spin=False)
+    except BaseException:
         target.close()
         raise
     try:
-        check_pair(target, aux, f"target {Path(pair.target).name}", f"aux {Path(pair.aux).name}")
-    except Exception:
-        target.close()
+        check_pair(target, aux, f"target {Path(target_path).name}", f"aux {Path(aux_path).name}")
+    except BaseException:
         aux.close()
+        target.close()
         raise
     return LoadedPair(target, aux, pair)

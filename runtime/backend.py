@@ -1,15 +1,21 @@
-"""The Backend protocol: what a decoder needs from a model runtime, and nothing more.
+"""The Backend protocol: every call the runtime makes on a model runtime, and nothing more.
 
 A backend owns one model and one KV cache holding several sequences (seq ids 0..n_seq_max-1).
-The cache is indexed by position, so rolling back is bookkeeping: drop positions >= n.
+The cache is indexed by position, so rolling back is bookkeeping: drop positions >= n. The
+backend is the one place that records which tokens each sequence holds (``held``); decoders
+derive everything else from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Literal, Optional, Protocol, Union
 
 import numpy as np
+
+LogitsWanted = Literal["last", "all", "none"]
+TokenIds = Union[Sequence[int], np.ndarray]  # token ids as a list or a numpy array
 
 
 @dataclass
@@ -22,7 +28,7 @@ class Batch:
     seq_ids: list[tuple[int, ...]] = field(default_factory=list)
     logits: list[bool] = field(default_factory=list)
 
-    def add(self, token: int, pos: int, seq_ids: Sequence[int], logits: bool) -> "Batch":
+    def add(self, token: int, pos: int, seq_ids: Sequence[int], logits: bool) -> Batch:
         self.tokens.append(int(token))
         self.pos.append(int(pos))
         self.seq_ids.append(tuple(int(s) for s in seq_ids))
@@ -30,7 +36,7 @@ class Batch:
         return self
 
     @classmethod
-    def run(cls, tokens: Sequence[int], start: int, seq: int = 0, logits: str = "last") -> "Batch":
+    def run(cls, tokens: Sequence[int], start: int, seq: int = 0, logits: LogitsWanted = "last") -> Batch:
         """Consecutive tokens of one sequence from position ``start``; logits 'last', 'all' or 'none'."""
         b = cls()
         n = len(tokens)
@@ -54,8 +60,9 @@ class VocabInfo:
 
 class Backend(Protocol):
     n_vocab: int
-    n_ctx: int
+    n_ctx: int  # KV cells of the context (shared by all sequences)
     n_seq_max: int
+    n_batch: int  # most rows one decode call may carry logits for
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 
@@ -65,9 +72,19 @@ class Backend(Protocol):
 
     def vocab_info(self) -> VocabInfo: ...
 
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], template: Optional[str] = None, add_assistant: bool = True
+    ) -> str:
+        """Render messages with the model's template, or ``template`` (a built-in name or text)."""
+        ...
+
     def decode(self, batch: Batch) -> np.ndarray:
         """Evaluate the batch; return logits (rows flagged in ``batch.logits``, V), float32.
         May be a read-only view valid until the next ``decode``: copy it to keep it."""
+        ...
+
+    def held(self, seq: int) -> Sequence[int]:
+        """The tokens ``seq`` holds, by position (read-only)."""
         ...
 
     def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -78,4 +95,28 @@ class Backend(Protocol):
         """Drop positions >= n_keep of ``seq`` (n_keep=0 clears it). Always succeeds."""
         ...
 
+    def clear(self) -> None:
+        """Empty every sequence: the cache is laid out as in a fresh context."""
+        ...
+
     def close(self) -> None: ...
+
+
+def feed(
+    model: Backend, tokens: Sequence[int], extra: TokenIds = (), logits: LogitsWanted = "last", seq: int = 0
+) -> np.ndarray:
+    """Evaluate in ``seq`` the tokens of ``tokens`` it does not hold yet, then ``extra``. The
+    sequence must hold a prefix of ``tokens``."""
+    n = len(model.held(seq))
+    run = [int(t) for t in tokens[n:]] + [int(t) for t in extra]
+    return model.decode(Batch.run(run, n, seq, logits))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

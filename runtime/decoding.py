@@ -1,62 +1,31 @@
-"""The decoding loop: ``ar``, lossless ``sd`` and ``mtad`` as small step functions.
+"""The decoding loop: prefill, then one method step at a time, clipped at EOS and max_tokens.
 
 Invariant (gpt-fast style): ``tokens`` is the committed text; the target's sequence 0 holds all
 of it but the last token, which is "pending" and fed at the next step together with any draft.
-Each step returns the tokens it commits; rolling back is cutting the KV cache by position.
+Each step returns the tokens it commits; rolling back is cutting the KV cache by position. The
+backends record what each sequence holds, so reusing a cached prefix across runs (a chat's next
+turn) needs no bookkeeping here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from .backend import Backend, Batch
-from .drafter import BeamDrafter, Cursor
-from .errors import ContextOverflowError
-from .sampling import SamplingConfig, filtered_logprobs, sample
-from .tree import TokenTree, greedy_tree_accept, mmtad_accept
-from .verify import greedy_accept_length, mtad_accept_length, speculative_verify
+from . import methods
+from .backend import Backend, TokenIds, common_prefix, feed
+from .config import DecodeConfig
+from .drafter import BeamDrafter, Draft
+from .errors import ContextOverflowError, OptionError
+from .sampling import filtered_logprobs
 
-METHODS = ("ar", "sd", "mtad", "mmtad")
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    method: str = "mtad"
-    max_tokens: int = 128
-    gamma: int = 4
-    beam_width: int = 4
-    accept_threshold: float = 0.5
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    seed: Optional[int] = 0
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.gamma < 1:
-            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
-        if self.beam_width < 1:
-            raise ValueError(f"beam_width must be >= 1, got {self.beam_width}")
-        if not 0 < self.accept_threshold <= 1:
-            raise ValueError(f"accept_threshold must be in (0, 1], got {self.accept_threshold}")
-
-    @property
-    def width(self) -> int:
-        """Beams the drafter keeps: w for mtad and mmtad, 1 for sd."""
-        return self.beam_width if self.method in ("mtad", "mmtad") else 1
-
-    @property
-    def lookahead(self) -> int:
-        """KV cells of the target one step may fill past the committed text."""
-        if self.method == "mmtad":
-            return self.beam_width * self.gamma + 1  # the pending token and up to w x gamma tree nodes
-        return 1 if self.method == "ar" else self.gamma + 1
+TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
 
 
 @dataclass
@@ -75,6 +44,7 @@ class Stats:
     verify_s: float = 0.0
     other_s: float = 0.0
     wall_s: float = 0.0
+    ttft_s: Optional[float] = None  # start of the run to its first committed block
     finish_reason: str = ""
 
     @property
@@ -95,14 +65,14 @@ class Stats:
         """Generated tokens per second of decoding (prompt prefill excluded, as llama-bench tg)."""
         return self.generated / self.decode_s if self.decode_s > 0 else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("acceptance_rate", "block_efficiency", "tokens_per_s"):
             d[k] = getattr(self, k)
         return d
 
     def summary(self) -> str:
-        def fmt(v, spec):
+        def fmt(v: Optional[float], spec: str) -> str:
             return "n/a" if v is None else format(v, spec)
 
         return (
@@ -115,108 +85,102 @@ class Stats:
         )
 
 
-@dataclass
-class KVState:
-    """What sequence 0 of each model holds after a run, so the next run on the same backends
-    (a chat's next turn) only prefills what differs. Emptied when a run stops mid-step."""
-
-    target: list[int] = field(default_factory=list)
-    aux: list[int] = field(default_factory=list)
-
-    def clear(self) -> None:
-        self.target, self.aux = [], []
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class Generation:
     """A lazy run: iterate for blocks of new token ids; ``stats`` is complete after the last one.
-    With ``kv`` the caches keep the longest prefix shared with the previous run."""
+    ``reuse``: keep the longest prefix the caches already hold (else start from a cleared cache,
+    laid out exactly as in a fresh context)."""
 
     def __init__(
-        self,
-        target: Backend,
-        aux: Optional[Backend],
-        prompt: list[int],
-        cfg: DecodeConfig,
-        kv: Optional[KVState] = None,
+        self, target: Backend, aux: Optional[Backend], prompt: Sequence[int], cfg: DecodeConfig, reuse: bool = True
     ):
         if not prompt:
-            raise ValueError("the prompt must contain at least one token")
-        self.n_ctx = min(m.n_ctx for m in (target, aux) if m is not None)
-        room = self.n_ctx - cfg.lookahead
+            raise OptionError("the prompt must contain at least one token", "prompt")
+        self.method = methods.get(cfg.method)
+        if self.method.needs_aux and aux is None:
+            raise OptionError(f"method {cfg.method} needs an auxiliary model (use --aux, or method ar)", "method")
+        self.target, self.aux, self.cfg, self.reuse = target, aux, cfg, reuse
+        self.gamma, self.width = cfg.gamma, (cfg.beam_width if self.method.uses_beams else 1)
+        self.layout = self.method.layout(self.gamma, self.width)
+        if self.layout.target_seqs > target.n_seq_max:
+            raise OptionError(
+                f"{cfg.method} with {self.width} beams needs a target context with {self.layout.target_seqs} sequences",
+                "beam_width",
+            )
+        room = self._room()
         if len(prompt) > room:
             raise ContextOverflowError(
                 f"prompt has {len(prompt)} tokens but the context holds {room} "
-                f"(n_ctx minus {cfg.lookahead} for decoding); shorten it or raise --ctx-size"
+                f"(n_ctx minus {self._lookahead()} for decoding); shorten it or raise --ctx-size"
             )
-        if cfg.method != "ar" and aux is None:
-            raise ValueError(f"method {cfg.method} needs an auxiliary model")
-        if cfg.method == "mmtad" and target.n_seq_max < cfg.width + 1:
-            raise ValueError(f"mmtad with {cfg.width} beams needs a target context with {cfg.width + 1} sequences")
-        self.target, self.cfg = target, cfg
-        self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(32)
+        self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         self.rng = np.random.default_rng(self.seed)
         self.tokens = list(prompt)
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
-        self.kv = kv
-        self.tgt = Cursor(target)
-        self.drafter = None
-        if cfg.method != "ar":
-            self.drafter = BeamDrafter(aux, cfg.sampling, cfg.width, self.rng, keep_rows=cfg.method == "sd")
+        self.drafter: Optional[BeamDrafter] = None
+        if self.method.needs_aux and aux is not None:
+            self.drafter = BeamDrafter(aux, cfg.sampling, self.rng, self.width)
 
+    # -- the loop ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
-        st, cfg = self.stats, self.cfg
+        st = self.stats
         t0 = time.perf_counter()
-        step = {"ar": self._ar_step, "sd": self._sd_step, "mtad": self._mtad_step, "mmtad": self._mmtad_step}[
-            cfg.method
-        ]
-        consistent = False  # the caches match the bookkeeping only between steps
+        between_steps = False  # caches match the bookkeeping only between steps
         try:
-            self._prefill(self.kv or KVState())
-            consistent = True
-            st.prefill_s = time.perf_counter() - t0
+            with self.timed("prefill_s"):
+                self._prefill()
             while True:
-                if len(self.tokens) + cfg.lookahead > self.n_ctx:
+                between_steps = True
+                if len(self.tokens) > self._room():
                     st.finish_reason = "context"
                     return
-                consistent = False
-                new = step()
+                between_steps = False
+                new = self.method.step(self, self.gamma, self.width)
                 self.tokens.extend(new)
-                consistent = True
+                between_steps = True
                 out, stop = self._clip(new)
                 st.generated += len(out)
                 if out:
+                    if st.ttft_s is None:
+                        st.ttft_s = time.perf_counter() - t0
                     yield out
                 if stop:
                     return
         finally:
+            if not between_steps:  # stopped inside a step: drop what it left half done
+                self._drop_caches()
             st.wall_s = time.perf_counter() - t0
-            st.other_s = st.wall_s - st.prefill_s - st.draft_s - st.verify_s
-            if self.kv is not None:
-                if consistent:
-                    self.kv.target = self.tokens[: self.tgt.n_kv]
-                    self.kv.aux = self.tokens[: self.drafter.cursor.n_kv] if self.drafter else []
-                else:
-                    self.kv.clear()
+            st.other_s = st.wall_s - sum(getattr(st, f) for f in TIMED_FIELDS)
 
-    def _prefill(self, kv: KVState) -> None:
-        """Evaluate all prompt tokens but the last, reusing the cached prefix shared with ``kv``."""
-        for s in range(1, self.target.n_seq_max):  # tree branches a stopped run may have left
-            self.target.rollback(s, 0)
-        self.tgt.n_kv = self.stats.cached_tokens = _common_prefix(kv.target, self.tokens[:-1])
-        self.target.rollback(0, self.tgt.n_kv)
-        self.tgt.feed(self.tokens[:-1], logits="none")
+    def _prefill(self) -> None:
+        """Evaluate all prompt tokens but the last, reusing the cached prefix they share."""
+        if not self.reuse:
+            self._drop_caches()
+        context = self.tokens[:-1]
+        for model in (self.target, self.aux if self.drafter else None):
+            if model is None:
+                continue
+            for s in range(1, model.n_seq_max):  # beams or tree branches a stopped run may have left
+                model.rollback(s, 0)
+            model.rollback(0, common_prefix(model.held(0), context))
+        self.stats.cached_tokens = len(self.target.held(0))
+        feed(self.target, context, logits="none")
         if self.drafter is not None:
-            self.drafter.reset(keep=_common_prefix(kv.aux, self.tokens[:-1]))
-            self.drafter.cursor.feed(self.tokens[:-1], logits="none")
+            feed(self.drafter.model, context, logits="none")
+
+    def _drop_caches(self) -> None:
+        self.target.clear()
+        if self.aux is not None:
+            self.aux.clear()
+
+    def _lookahead(self) -> int:
+        return self.layout.target_cells
+
+    def _room(self) -> int:
+        """Committed tokens the contexts can hold with room for one more step."""
+        room = self.target.n_ctx - self.layout.target_cells
+        if self.method.needs_aux and self.aux is not None:
+            room = min(room, self.aux.n_ctx - self.layout.aux_cells)
+        return room
 
     def _clip(self, new: list[int]) -> tuple[list[int], bool]:
         """Cut a committed block at an end-of-generation token or the max_tokens budget."""
@@ -230,105 +194,45 @@ class Generation:
             return new[:room], True
         return new, False
 
-    # -- steps ----------------------------------------------------------------------------------
-    def _target_rows(self, draft=()) -> np.ndarray:
-        """One target call on pending + draft; filtered log p for every draft position plus one."""
+    # -- what a method's step calls ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def timed(self, stat: str) -> Iterator[None]:
+        """Add the wall time of the block to ``stats.<stat>`` (prefill_s, draft_s, verify_s)."""
         t0 = time.perf_counter()
-        logits = self.tgt.feed(self.tokens, draft, logits="all" if len(draft) else "last")
-        p = filtered_logprobs(logits, self.cfg.sampling)
-        self.stats.target_calls += 1
-        self.stats.verify_s += time.perf_counter() - t0
-        return p
+        try:
+            yield
+        finally:
+            setattr(self.stats, stat, getattr(self.stats, stat) + time.perf_counter() - t0)
 
-    def _propose(self):
-        t0 = time.perf_counter()
-        draft = self.drafter.propose(self.tokens, self.cfg.gamma)
-        self.stats.draft_s += time.perf_counter() - t0
+    def target_logp(self, draft: TokenIds = ()) -> np.ndarray:
+        """One target call on the pending token plus ``draft``: filtered log p for every draft
+        position plus one (one row without a draft)."""
+        with self.timed("verify_s"):
+            logits = feed(self.target, self.tokens, draft, logits="all" if len(draft) else "last")
+            self.stats.target_calls += 1
+            return filtered_logprobs(logits, self.cfg.sampling)
+
+    def propose(self, gamma: int, width: int, rows: bool = False) -> Draft:
+        assert self.drafter is not None
+        with self.timed("draft_s"):
+            draft = self.drafter.propose(self.tokens, gamma, width, rows=rows)
         self.stats.drafted += len(draft.tokens)
         return draft
 
-    def _commit(self, beam_tokens, k: int, bonus: int, beam: Optional[int] = None) -> list[int]:
-        """Keep x_1..x_k of the accepted beam and the bonus; the aux cache follows."""
+    def commit(self, beam_tokens: TokenIds, k: int, bonus: int, beam: Optional[int] = None) -> list[int]:
+        """Keep x_1..x_k of the accepted beam and the bonus: the target keeps the pending token
+        and the k accepted tokens in its cache, the aux cache follows."""
+        self.target.rollback(0, len(self.tokens) + k)
         new = [int(t) for t in beam_tokens[:k]] + [int(bonus)]
+        assert self.drafter is not None
         self.drafter.commit(self.tokens + new, k, beam)
         self.stats.accepted += k
         self.stats.accept_lengths.append(k)
         return new
 
-    def _ar_step(self) -> list[int]:
-        p = self._target_rows()
-        return [sample(p[-1], self.rng)]
-
-    def _sd_step(self) -> list[int]:
-        draft = self._propose()
-        p = self._target_rows(draft.tokens)
-        t0 = time.perf_counter()
-        k, nxt = speculative_verify(p, draft.q_rows, draft.tokens, self.rng)
-        self.stats.verify_s += time.perf_counter() - t0
-        self.tgt.truncate(len(self.tokens) + k)  # pending token + k accepted draft tokens
-        return self._commit(draft.tokens, k, nxt)
-
-    def _mtad_step(self) -> list[int]:
-        draft = self._propose()
-        p = self._target_rows(draft.tokens)
-        t0 = time.perf_counter()
-        gamma = len(draft.tokens)
-        if self.cfg.sampling.greedy:
-            k = greedy_accept_length(draft.tokens, np.argmax(p[:gamma], axis=-1))
-        else:
-            logp_x = p[np.arange(gamma), draft.tokens]
-            k = mtad_accept_length(logp_x, draft.logq_x, self.cfg.accept_threshold)
-        nxt = sample(p[k], self.rng)
-        self.stats.verify_s += time.perf_counter() - t0
-        self.tgt.truncate(len(self.tokens) + k)
-        return self._commit(draft.tokens, k, nxt)
-
-    def _mmtad_step(self) -> list[int]:
-        draft = self._propose()
-        tree = TokenTree.from_beams(draft.beams)
-        p = self._target_tree_rows(tree)  # row 0: the root; row 1 + i: node i
-        t0 = time.perf_counter()
-        rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
-        if self.cfg.sampling.greedy:
-            k, b = greedy_tree_accept(draft.beams, np.argmax(p, axis=-1)[rows])
-        else:
-            logp_x = p[rows, draft.beams]
-            k, b = mmtad_accept(np.cumsum(logp_x, axis=1), np.cumsum(draft.logq_x), self.cfg.accept_threshold)
-        nxt = sample(p[1 + tree.node_of[b, k - 1] if k else 0], self.rng)
-        # Sequence 0 adopts beam b's first k tokens; the other branches are dropped.
-        base = len(self.tokens)
-        if k:
-            self.target.copy_seq(1 + b, 0, base, base + k)
-        for s in range(1, len(draft.beams) + 1):
-            self.target.rollback(s, 0)
-        self.tgt.n_kv = base + k
-        self.stats.verify_s += time.perf_counter() - t0
-        return self._commit(draft.beams[b], k, nxt, beam=b)
-
-    def _target_tree_rows(self, tree: TokenTree) -> np.ndarray:
-        """One target pass over the pending token (in every beam's sequence) and every tree node
-        (in the sequences of the beams through it, at position = depth). Beam b is sequence 1 + b."""
-        t0 = time.perf_counter()
-        n = len(tree.node_of)
-        for s in range(1, n + 1):
-            self.target.rollback(s, 0)
-            self.target.copy_seq(0, s)
-        pending = self.tokens[self.tgt.n_kv :]
-        batch = Batch()
-        for i, tok in enumerate(pending):
-            batch.add(tok, self.tgt.n_kv + i, range(n + 1), i == len(pending) - 1)
-        base = len(self.tokens)
-        for tok, depth, beams in zip(tree.token, tree.depth, tree.beams):
-            batch.add(tok, base - 1 + depth, [1 + b for b in beams], True)
-        p = filtered_logprobs(self.target.decode(batch), self.cfg.sampling)
-        self.tgt.n_kv = base
-        self.stats.target_calls += 1
-        self.stats.verify_s += time.perf_counter() - t0
-        return p
-
 
 def generate_tokens(
-    target: Backend, aux: Optional[Backend], prompt: list[int], cfg: DecodeConfig
+    target: Backend, aux: Optional[Backend], prompt: Sequence[int], cfg: DecodeConfig
 ) -> tuple[list[int], Stats]:
     """Run to the end; return (generated token ids, stats)."""
     gen = Generation(target, aux, prompt, cfg)

@@ -1,10 +1,10 @@
 """The auxiliary model's side: beam-sampled drafts (MTAD) and plain sampled drafts (width 1).
 
-A drafter is a two-method object: ``propose(tokens)`` returns a Draft continuing the committed
-``tokens``; ``commit(tokens, k)`` is told that ``tokens`` now holds the first k drafted tokens (plus
-the target's bonus) and rolls its KV cache back to match.
+A drafter is a small object: ``propose(tokens, gamma, width)`` returns a Draft continuing the
+committed ``tokens``; ``commit(tokens, k)`` is told that ``tokens`` now holds the first k drafted
+tokens (plus the target's bonus) and rolls its KV cache back to match.
 
-KV layout in the aux context: sequence 0 holds the committed tokens (all but the last one or
+KV layout in the model's context: sequence 0 holds committed tokens (all but the last one or
 two, which are "pending" and fed at the next propose). Beams live in sequences 1..w and
 w+1..2w, used alternately: a new beam is a fresh copy of its parent's sequence plus one token.
 With a unified KV cache a copy only tags cells with another seq id.
@@ -12,52 +12,42 @@ With a unified KV cache a copy only tags cells with another seq id.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from .backend import Backend, Batch
+from .backend import Backend, Batch, feed
 from .sampling import SamplingConfig, filtered_logprobs, sample_without_replacement
+
+# Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
+KeepGoing = Callable[[int, float], bool]
 
 
 @dataclass
 class Draft:
     tokens: np.ndarray  # (gamma,) the best beam x*_1..x*_gamma
     logq_x: np.ndarray  # (gamma,) log q_d(x*_d) along it
-    q_rows: Optional[np.ndarray] = None  # (gamma, V) log q_d along it, when kept (lossless SD)
+    q_rows: Optional[np.ndarray] = None  # (gamma, V) log q_d along it, when asked for (lossless SD)
     beams: Optional[np.ndarray] = None  # (n, gamma) every final beam (MMTAD's tree)
     beams_logq: Optional[np.ndarray] = None  # (n, gamma) per-token log q along each
     best: int = 0  # index of the best beam in ``beams``
 
 
-class Cursor:
-    """Which committed tokens a model's sequence 0 holds: the first ``n_kv``."""
-
-    def __init__(self, model: Backend):
-        self.model = model
-        self.n_kv = 0
-
-    def feed(self, tokens: list[int], extra=(), logits: str = "last") -> np.ndarray:
-        """Evaluate the pending committed tokens plus ``extra`` in sequence 0."""
-        run = tokens[self.n_kv :] + [int(t) for t in extra]
-        out = self.model.decode(Batch.run(run, self.n_kv, 0, logits))
-        self.n_kv += len(run)
-        return out
-
-    def truncate(self, n: int) -> None:
-        if n < self.n_kv:
-            self.model.rollback(0, n)
-            self.n_kv = n
-
-
 def beam_slots(width: int) -> int:
-    """Sequences the aux context needs for beam width w: committed + two banks of w."""
+    """Sequences a context needs for beam width w: committed + two banks of w."""
     return 2 * width + 1
 
 
+def beam_cells(width: int, gamma: int) -> int:
+    """KV cells the beams may hold beside the committed text: two banks of w x (gamma - 1)
+    tokens, plus the pending committed tokens fed at the start of a draft."""
+    return 2 * width * max(gamma - 1, 0) + 2
+
+
 class BeamDrafter:
-    """Beam sampling over the draft model's joint probability (MTAD, Qin et al. 2025).
+    """Beam sampling over a model's joint probability (MTAD, Qin et al. 2025).
 
     Step 1 draws w first tokens from q_1 (without replacement; top-w at temperature 0).
     Step d: every extension of every beam scores beam_score + log q_d(token); w of the w x V
@@ -67,34 +57,38 @@ class BeamDrafter:
     greedy distribution is degenerate.
     """
 
-    def __init__(
-        self, aux: Backend, sampling: SamplingConfig, width: int, rng: np.random.Generator, keep_rows: bool = False
-    ):
-        if aux.n_seq_max < beam_slots(width):
-            raise ValueError(f"aux context has {aux.n_seq_max} sequences, beam width {width} needs {beam_slots(width)}")
-        self.aux, self.width, self.rng, self.keep_rows = aux, width, rng, keep_rows
+    def __init__(self, model: Backend, sampling: SamplingConfig, rng: np.random.Generator, max_width: int):
+        if model.n_seq_max < beam_slots(max_width):
+            raise ValueError(
+                f"the draft context has {model.n_seq_max} sequences, beam width {max_width} "
+                f"needs {beam_slots(max_width)}"
+            )
+        self.model, self.rng, self.max_width = model, rng, max_width
         self.greedy = sampling.greedy
         self.score_cfg = SamplingConfig(1.0, sampling.top_k, sampling.top_p) if self.greedy else sampling
-        self.cursor = Cursor(aux)
+        self._width = max_width  # the width of the last draft (its banks of sequences)
         self._seqs, self._best = [0], 0  # after propose: each final beam's sequence, the best one
         self._cached = 0  # drafted tokens those sequences hold in their cache
 
-    def _logq(self, logits: np.ndarray) -> np.ndarray:
-        return filtered_logprobs(logits, self.score_cfg)
-
-    def propose(self, tokens: list[int], gamma: int) -> Draft:
-        base = len(tokens)  # position of x_1
-        logq = self._logq(self.cursor.feed(tokens)[-1:])  # (1, V) rows of the current beams
+    def propose(
+        self, tokens: Sequence[int], gamma: int, width: int, rows: bool = False, keep_going: Optional[KeepGoing] = None
+    ) -> Draft:
+        """Draft up to ``gamma`` tokens after ``tokens`` with ``width`` beams; ``rows`` keeps the
+        full log q rows along the best beam; ``keep_going`` may stop the draft early (at least
+        one token is always drafted)."""
+        model, base = self.model, len(tokens)  # base: position of x_1
+        self._width = width
+        logq = self._logq(feed(model, tokens)[-1:])  # (1, V) rows of the current beams
         seqs = [0]  # sequence of each current beam
         beam_tok = np.zeros((1, 0), dtype=np.int64)
         beam_logq = np.zeros((1, 0))
-        beam_rows = np.zeros((1, 0, logq.shape[-1])) if self.keep_rows else None
+        beam_rows = np.zeros((1, 0, logq.shape[-1])) if rows else None
         score = np.zeros(1)
         bank = 0
         rng = None if self.greedy else self.rng
         for d in range(gamma):
             cand = score[:, None] + logq  # (beams, V) joint log q of every extension
-            pick = sample_without_replacement(cand, self.width, rng)
+            pick = sample_without_replacement(cand, width, rng)
             parent, tok = np.divmod(pick, logq.shape[-1])
             beam_tok = np.concatenate([beam_tok[parent], tok[:, None]], axis=1)
             beam_logq = np.concatenate([beam_logq[parent], logq[parent, tok][:, None]], axis=1)
@@ -102,41 +96,43 @@ class BeamDrafter:
                 beam_rows = np.concatenate([beam_rows[parent], logq[parent][:, None]], axis=1)
             score = cand[parent, tok]
             seqs = [seqs[j] for j in parent]  # each beam's cache: its parent's, without `tok`
-            if d == gamma - 1:
+            if d == gamma - 1 or (keep_going is not None and not keep_going(d + 1, float(score.max()))):
                 break
             # Give every beam a sequence of its own holding its parent's cache, then add `tok`.
-            new_seqs = [1 + bank * self.width + j for j in range(len(pick))]
+            new_seqs = [1 + bank * width + j for j in range(len(pick))]
             batch = Batch()
             for j, s in enumerate(new_seqs):
-                self.aux.rollback(s, 0)
-                self.aux.copy_seq(seqs[j], s)
+                model.rollback(s, 0)
+                model.copy_seq(seqs[j], s)
                 batch.add(tok[j], base + d, (s,), True)
-            logq = self._logq(self.aux.decode(batch))
+            logq = self._logq(model.decode(batch))
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
-        self._seqs, self._best, self._cached = seqs, best, gamma - 1  # each holds x_1..x_{gamma-1}
+        self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
         return Draft(
             beam_tok[best], beam_logq[best], None if beam_rows is None else beam_rows[best], beam_tok, beam_logq, best
         )
 
-    def commit(self, tokens: list[int], k: int, beam: Optional[int] = None) -> None:
+    def commit(self, tokens: Sequence[int], k: int, beam: Optional[int] = None) -> None:
         """``tokens`` (committed) now end with x_1..x_k of the last draft's ``beam`` (default: the
         best) and the target's bonus. Sequence 0 adopts the cached part of x_1..x_k from that
         beam's sequence; all beams are dropped."""
         base = len(tokens) - k - 1
-        m = min(k, self._cached)  # a beam's cache holds x_1..x_{gamma-1}
+        m = min(k, self._cached)  # a beam's cache holds x_1..x_{n-1}
+        self.model.rollback(0, base)
         if m:
-            self.aux.copy_seq(self._seqs[self._best if beam is None else beam], 0, base, base + m)
+            self.model.copy_seq(self._seqs[self._best if beam is None else beam], 0, base, base + m)
         self._drop_beams()
-        self.cursor.n_kv = base + m
 
     def reset(self, keep: int = 0) -> None:
         """No beams; sequence 0 keeps its first ``keep`` committed tokens."""
         self._drop_beams()
-        self.aux.rollback(0, keep)
-        self.cursor.n_kv = keep
+        self.model.rollback(0, keep)
+
+    def _logq(self, logits: np.ndarray) -> np.ndarray:
+        return filtered_logprobs(logits, self.score_cfg)
 
     def _drop_beams(self) -> None:
-        for s in range(1, beam_slots(self.width)):  # both banks; empty ones cost nothing
-            self.aux.rollback(s, 0)
+        for s in range(1, beam_slots(self._width)):  # both banks of the last draft's width
+            self.model.rollback(s, 0)
         self._seqs, self._best, self._cached = [0], 0, 0

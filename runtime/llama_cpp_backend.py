@@ -8,12 +8,13 @@ logic and the CLI's help work without it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -45,7 +46,7 @@ class _Log:
     """Routes llama.cpp's log into a ring buffer (so a load failure can quote its reason);
     echoes it to stderr when MTAD_EDGE_VERBOSE is set."""
 
-    recent: collections.deque = collections.deque(maxlen=20)
+    recent: collections.deque[str] = collections.deque(maxlen=20)
     _callback = None
 
     @classmethod
@@ -56,13 +57,13 @@ class _Log:
             return
         verbose = bool(os.environ.get("MTAD_EDGE_VERBOSE"))
 
-        def on_log(level, text, _user):
+        def on_log(level: int, text: bytes, _user: Any) -> None:
             msg = text.decode("utf-8", errors="replace")
             if verbose:
                 os.write(2, text)
-            if level == 4 or "error" in msg.lower() or "failed" in msg.lower():  # 4 = GGML_LOG_LEVEL_ERROR
-                if msg.strip():
-                    cls.recent.append(msg.strip())
+            important = level == 4 or "error" in msg.lower() or "failed" in msg.lower()  # 4: GGML_LOG_LEVEL_ERROR
+            if important and msg.strip():
+                cls.recent.append(msg.strip())
 
         cls._callback = llama_cpp.llama_log_callback(on_log)
         llama_cpp.llama_log_set(cls._callback, ctypes.c_void_p(0))
@@ -94,7 +95,7 @@ def _check_gguf_file(path: Path) -> None:
 class _BatchBuffer:
     """Owns one llama_batch sized for n_batch tokens with up to n_seq_max seq ids each."""
 
-    def __init__(self, llama_cpp, n_tokens: int, n_seq_max: int):
+    def __init__(self, llama_cpp: Any, n_tokens: int, n_seq_max: int):
         self._lib = llama_cpp
         self.capacity = n_tokens
         self.batch = llama_cpp.llama_batch_init(n_tokens, 0, n_seq_max)
@@ -121,7 +122,7 @@ class _BatchBuffer:
 class LlamaCppBackend:
     """One GGUF model, one llama_context with ``n_seq_max`` sequences in a unified KV cache."""
 
-    def __init__(self, path: str | os.PathLike, config: LlamaCppConfig = LlamaCppConfig()):
+    def __init__(self, path: str | os.PathLike[str], config: LlamaCppConfig = LlamaCppConfig()):
         import llama_cpp  # lazy: heavy, and optional for pure-logic users
 
         self._lib = llama_cpp
@@ -226,12 +227,15 @@ class LlamaCppBackend:
     # -- evaluation ---------------------------------------------------------------------------
     def decode(self, batch: Batch) -> np.ndarray:
         n_out = sum(batch.logits)
+        buf = self._batch
+        if buf is None:
+            raise MtadEdgeError(f"{self.path.name} was closed")
         for lo in range(0, len(batch), self.n_batch):
             hi = min(lo + self.n_batch, len(batch))
             if n_out and lo + self.n_batch < len(batch) and any(batch.logits[lo:hi]):
                 raise ValueError("logits may only be requested in the last n_batch rows of a batch")
-            self._batch.fill(batch, lo, hi)
-            rc = self._lib.llama_decode(self._ctx, self._batch.batch)
+            buf.fill(batch, lo, hi)
+            rc = self._lib.llama_decode(self._ctx, buf.batch)
             if rc != 0:
                 raise MtadEdgeError(
                     f"llama_decode failed with code {rc} on {self.path.name} "
@@ -248,6 +252,9 @@ class LlamaCppBackend:
         view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
         view.flags.writeable = False  # llama.cpp's buffer: valid until the next decode
         return view
+
+    def held(self, seq: int) -> list[int]:
+        return self._history.get(seq, [])
 
     def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         self._lib.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
@@ -269,6 +276,10 @@ class LlamaCppBackend:
         hist.clear()
         self.decode(Batch.run(keep, 0, seq, logits="none"))
 
+    def clear(self) -> None:
+        self._lib.llama_memory_clear(self._mem, True)
+        self._history.clear()
+
     def close(self) -> None:
         if self._batch is not None:
             self._batch.close()
@@ -280,14 +291,12 @@ class LlamaCppBackend:
             self._lib.llama_model_free(self._model)
             self._model = None
 
-    def __enter__(self) -> "LlamaCppBackend":
+    def __enter__(self) -> LlamaCppBackend:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

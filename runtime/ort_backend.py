@@ -16,14 +16,14 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from .backend import Batch, VocabInfo
 from .chat import render
-from .ort_kv import DeviceKV, HostKV
 from .errors import ModelLoadError, MtadEdgeError
+from .ort_kv import DeviceKV, HostKV
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def _require(*names: str) -> list:
+def _require(*names: str) -> list[Any]:
     """Import the named packages of the ONNX Runtime backend, or say which extra installs them."""
     try:
         return [importlib.import_module(n) for n in names]
@@ -65,7 +65,7 @@ def _require(*names: str) -> list:
 
 
 class OrtBackend:
-    def __init__(self, model_dir: str | os.PathLike, config: OrtConfig = OrtConfig()):
+    def __init__(self, model_dir: str | os.PathLike[str], config: OrtConfig = OrtConfig()):
         ort, tokenizers, _ = _require("onnxruntime", "tokenizers", "jinja2")  # jinja2: chat templates
 
         d = Path(model_dir)
@@ -106,6 +106,7 @@ class OrtBackend:
         )
         dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
         on_device = config.io_binding if config.io_binding is not None else providers[0] != "CPUExecutionProvider"
+        self._store: HostKV | DeviceKV
         if on_device:
             _require("onnx")  # builds DeviceKV's cache graphs
             device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
@@ -114,6 +115,7 @@ class OrtBackend:
             self._store = HostKV(self._sess, [i.name for i in past], shape, dtype)
         self.provider, self.io_binding = providers[0], on_device
         self.n_ctx, self.n_seq_max = config.n_ctx, config.n_seq_max
+        self.n_batch = config.n_ctx  # any number of rows: long inputs are chunked in decode
         self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
         self._chunk = max(8, (32 << 20) // self.n_vocab)  # tokens per run: 32M float logits at most
         self._special = {
@@ -134,7 +136,7 @@ class OrtBackend:
 
     # -- vocabulary -------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        ids: list[int] = list(self._tok.encode(text, add_special_tokens=False).ids)
         bos = self._special.get("bos_token")
         if add_special and self._tcfg.get("add_bos_token") and bos is not None and ids[:1] != [bos]:
             ids = [bos] + ids
@@ -188,8 +190,8 @@ class OrtBackend:
     # -- evaluation -------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> np.ndarray:
         per_seq: dict[int, list[int]] = defaultdict(list)  # seq -> batch rows, in order
-        for i, seqs in enumerate(batch.seq_ids):
-            for s in seqs:
+        for i, ids in enumerate(batch.seq_ids):
+            for s in ids:
                 per_seq[s].append(i)
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)  # (past, new) -> seqs run together
         for s, rows in per_seq.items():
@@ -227,6 +229,9 @@ class OrtBackend:
             self._kv[s] = presents if b == 1 else self._store.row(presents, k)
         return logits
 
+    def held(self, seq: int) -> list[int]:
+        return self._hist.get(seq, [])
+
     def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         hist, kv = self._hist.get(src, []), self._kv.get(src)
         lo, hi = max(p0, 0), (len(hist) if p1 < 0 else p1)
@@ -252,12 +257,16 @@ class OrtBackend:
         if seq in self._kv:
             self._kv[seq] = self._store.cut(self._kv[seq], 0, n_keep) if n_keep else self._store.empty()
 
+    def clear(self) -> None:
+        self._kv.clear()
+        self._hist.clear()
+
     def close(self) -> None:
         self._kv.clear()
-        self._sess = self._store = None
+        self._sess = None
 
-    def __enter__(self) -> "OrtBackend":
+    def __enter__(self) -> OrtBackend:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

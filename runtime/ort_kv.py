@@ -20,14 +20,15 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
+from numpy.typing import DTypeLike
 
-KV = list  # one tensor per past input, in the session's input order
+KV = list[Any]  # one tensor per past input, in the session's input order
 
 
 class HostKV:
     """Caches as numpy arrays; ``session.run`` copies them in and returns fresh presents."""
 
-    def __init__(self, sess, past_names: list[str], shape: tuple[int, int], dtype: np.dtype):
+    def __init__(self, sess: Any, past_names: list[str], shape: tuple[int, int], dtype: DTypeLike):
         self._sess, self._past = sess, past_names
         self._empty = [np.zeros((1, shape[0], 0, shape[1]), dtype)] * len(past_names)
 
@@ -36,7 +37,7 @@ class HostKV:
 
     def run(self, feed: dict[str, np.ndarray], past: KV) -> tuple[np.ndarray, KV]:
         logits, *presents = self._sess.run(None, {**feed, **dict(zip(self._past, past))})
-        return logits, presents
+        return np.asarray(logits), presents
 
     def batch(self, caches: list[KV]) -> KV:
         return [np.concatenate(layer, axis=0) for layer in zip(*caches)]
@@ -56,10 +57,10 @@ class DeviceKV:
 
     def __init__(
         self,
-        sess,
+        sess: Any,
         past_names: list[str],
         shape: tuple[int, int],
-        dtype: np.dtype,
+        dtype: DTypeLike,
         device: str,
         providers: list[Any],
         device_id: int = 0,
@@ -74,7 +75,7 @@ class DeviceKV:
             ort.OrtValue.ortvalue_from_numpy(np.zeros((1, shape[0], 0, shape[1]), dtype), device, device_id)
             for _ in past_names
         ]
-        self._graphs: dict[tuple, Any] = {}
+        self._graphs: dict[tuple[str, int, int], Any] = {}
 
     def empty(self) -> KV:
         return list(self._empty)
@@ -109,7 +110,7 @@ class DeviceKV:
         bounds = {"starts": np.array([lo], np.int64), "ends": np.array([hi], np.int64)}
         return self._apply(("slice", axis, 1), kv, bounds)
 
-    def _apply(self, op: tuple, values: KV, cpu_inputs: Optional[dict[str, np.ndarray]] = None) -> KV:
+    def _apply(self, op: tuple[str, int, int], values: KV, cpu_inputs: Optional[dict[str, np.ndarray]] = None) -> KV:
         sess = self._graphs.get(op) or self._graphs.setdefault(op, self._build(*op))
         io = sess.io_binding()
         for i, value in enumerate(values):
@@ -119,9 +120,9 @@ class DeviceKV:
         for o in sess.get_outputs():
             io.bind_output(o.name, self._device, self._id)
         sess.run_with_iobinding(io)
-        return io.get_outputs()
+        return list(io.get_outputs())
 
-    def _build(self, kind: str, axis: int, n: int):
+    def _build(self, kind: str, axis: int, n: int) -> Any:
         """A graph over the len(past) cache tensors: Slice each on ``axis`` by the starts/ends
         inputs (n = 1), or Concat every n consecutive inputs on ``axis``."""
         from onnx import TensorProto, helper

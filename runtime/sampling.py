@@ -12,22 +12,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .options import check, default
+
 NEG_INF = -np.inf
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    temperature: float = 1.0
-    top_k: int = 10  # 0 disables
-    top_p: float = 0.9  # 1.0 disables
+    temperature: float = default("temperature")
+    top_k: int = default("top_k")  # 0 disables
+    top_p: float = default("top_p")  # 1.0 disables
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("temperature", "top_k", "top_p"):  # bounds and messages: options.OPTIONS
+            object.__setattr__(self, name, check(name, getattr(self, name)))
 
     @property
     def greedy(self) -> bool:
@@ -40,7 +38,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     m = np.max(x, axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):
         z = np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
-    return x - m - z
+    return np.asarray(x - m - z)
 
 
 def top_k_mask(x: np.ndarray, k: int) -> np.ndarray:

@@ -6,9 +6,12 @@ filtered. The tree merges equal prefixes, so one target pass evaluates every dis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from .backend import Backend, Batch
 
 
 @dataclass
@@ -24,10 +27,13 @@ class TokenTree:
     node_of: np.ndarray
 
     @classmethod
-    def from_beams(cls, beams: np.ndarray) -> "TokenTree":
+    def from_beams(cls, beams: np.ndarray) -> TokenTree:
         n, gamma = beams.shape
         index: dict[tuple[int, ...], int] = {}
-        token, depth, parent, members = [], [], [], []
+        token: list[int] = []
+        depth: list[int] = []
+        parent: list[int] = []
+        members: list[list[int]] = []
         node_of = np.zeros((n, gamma), dtype=np.int64)
         for d in range(gamma):
             for b in range(n):
@@ -49,7 +55,41 @@ class TokenTree:
         """(n, gamma): the logits row predicting x_{b,d}, when row 0 is the root and row
         1 + i is node i."""
         par = np.array(self.parent)[self.node_of]  # parent node of each (beam, depth)
-        return par + 1  # the root (-1) maps to row 0
+        return np.asarray(par + 1)  # the root (-1) maps to row 0
+
+
+class TreeVerifier:
+    """The target's side of MMTAD: one pass over the pending committed token(s) and every tree
+    node. Beam b lives in target sequence 1 + b: the pending tokens go into every beam's sequence,
+    each node into the sequences of the beams through it, at position = its depth."""
+
+    def __init__(self, target: Backend):
+        self.target = target
+
+    def logits(self, tokens: Sequence[int], tree: TokenTree) -> np.ndarray:
+        """Raw logits: row 0 predicts depth 1 (after the last committed token), row 1 + i
+        predicts the child of node i."""
+        target, n = self.target, int(tree.node_of.shape[0])
+        held = len(target.held(0))
+        for s in range(1, n + 1):
+            target.rollback(s, 0)
+            target.copy_seq(0, s)
+        pending = tokens[held:]
+        batch = Batch()
+        for i, tok in enumerate(pending):
+            batch.add(tok, held + i, range(n + 1), i == len(pending) - 1)
+        base = len(tokens)
+        for tok, depth, beams in zip(tree.token, tree.depth, tree.beams):
+            batch.add(tok, base - 1 + depth, [1 + b for b in beams], True)
+        return target.decode(batch)
+
+    def adopt(self, base: int, beam: int, k: int, n_beams: int) -> None:
+        """Sequence 0 (holding ``base`` committed tokens) takes beam ``beam``'s first k drafted
+        tokens; every beam's sequence is dropped."""
+        if k:
+            self.target.copy_seq(1 + beam, 0, base, base + k)
+        for s in range(1, n_beams + 1):
+            self.target.rollback(s, 0)
 
 
 def mmtad_accept(cum_logp: np.ndarray, cum_logq_best: np.ndarray, threshold: float) -> tuple[int, int]:

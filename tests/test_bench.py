@@ -6,14 +6,14 @@ import stat
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import FakeLM
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.sampling import log_softmax
 
-from conftest import FakeLM
 from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.native import llama_bench, speculative_simple
 from mtad_edge.bench.score import perplexity, token_logprobs
 from mtad_edge.cli import cli
-from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.sampling import log_softmax
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -81,7 +81,7 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     assert list(res["methods"]) == ["ar", "sd", "mtad"]
-    for m, agg in res["methods"].items():
+    for agg in res["methods"].values():
         for key in (
             "tokens_per_s",
             "block_efficiency",

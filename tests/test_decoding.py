@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
-
-from conftest import FakeLM, assert_blocks_follow_trees, chi2_critical, chi2_stat, record_trees
-from mtad_edge.runtime.decoding import DecodeConfig, Generation, generate_tokens
+from helpers import FakeLM, assert_blocks_follow_trees, chi2_critical, chi2_stat, record_trees
+from mtad_edge.runtime.backend import feed
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.decoding import Generation, generate_tokens
 from mtad_edge.runtime.drafter import BeamDrafter
 from mtad_edge.runtime.errors import ContextOverflowError
 from mtad_edge.runtime.sampling import SamplingConfig, filtered_logprobs
@@ -72,11 +73,11 @@ def test_beam_drafter_log_q_matches_a_fresh_computation():
     cfg = SamplingConfig(1.0, 3, 1.0)
     aux = FakeLM(salt=4, n_seq_max=9)
     rng = np.random.default_rng(0)
-    drafter = BeamDrafter(aux, cfg, width=4, rng=rng, keep_rows=True)
+    drafter = BeamDrafter(aux, cfg, rng=rng, max_width=4)
     tokens = list(PROMPT)
-    drafter.cursor.feed(tokens[:-1], logits="none")
+    feed(aux, tokens[:-1], logits="none")
     for _ in range(5):
-        d = drafter.propose(tokens, 4)
+        d = drafter.propose(tokens, 4, 4, rows=True)
         ctx = list(tokens)
         for i, x in enumerate(d.tokens):
             ref = filtered_logprobs(aux.logits_for(ctx), cfg)
@@ -86,7 +87,7 @@ def test_beam_drafter_log_q_matches_a_fresh_computation():
         k = int(rng.integers(0, 5))
         tokens = tokens + [int(t) for t in d.tokens[:k]] + [int(rng.integers(0, 5))]
         drafter.commit(tokens, k)
-        assert aux.seqs[0] == tokens[: drafter.cursor.n_kv]  # committed cache is a prefix
+        assert aux.seqs[0] == tokens[: len(aux.held(0))]  # committed cache is a prefix
         assert all(not aux.seqs.get(s) for s in range(1, 9))  # beams dropped
 
 
@@ -94,8 +95,8 @@ def test_greedy_beam_draft_is_the_top_joint_sequence():
     """Temperature 0, width = all candidates: the draft is the argmax of joint log q."""
     aux = FakeLM(vocab=3, salt=5, n_seq_max=19)
     cfg = SamplingConfig(0.0, 0, 1.0)
-    drafter = BeamDrafter(aux, cfg, width=9, rng=np.random.default_rng(0))
-    d = drafter.propose(list(PROMPT), 2)
+    drafter = BeamDrafter(aux, cfg, rng=np.random.default_rng(0), max_width=9)
+    d = drafter.propose(list(PROMPT), 2, 9)
     best, best_score = None, -np.inf
     score_cfg = SamplingConfig(1.0, 0, 1.0)
     for a in range(3):
@@ -169,9 +170,9 @@ def test_mtad_bonus_token_comes_from_target_at_position_k_plus_1(monkeypatch, fo
     """After k accepted draft tokens, the next token is sampled from p(. | prefix, x_1..x_k):
     with top-k 2 it must be one of the target's two best there, and for k = 0 its frequencies
     follow p(. | prompt)."""
-    import mtad_edge.runtime.decoding as decoding
+    import mtad_edge.runtime.methods.mtad as mtad
 
-    monkeypatch.setattr(decoding, "mtad_accept_length", lambda lp, lq, thr: forced_k)
+    monkeypatch.setattr(mtad, "mtad_accept_length", lambda lp, lq, thr: forced_k)
     cfg = SamplingConfig(1.0, 2, 1.0)
     target, aux = FakeLM(salt=1, sharpness=0.5), FakeLM(salt=2, n_seq_max=9, sharpness=0.5)
     counts = np.zeros(target.n_vocab)

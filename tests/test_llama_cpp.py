@@ -2,15 +2,16 @@
 
 import numpy as np
 import pytest
-
-from conftest import assert_blocks_follow_trees, common_prefix, decode_beams, record_trees
-from mtad_edge.loader import ModelOptions, open_pair
-from mtad_edge.pairs import Pair
+from helpers import assert_blocks_follow_trees, common_prefix, decode_beams, record_trees
 from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.decoding import DecodeConfig, Generation, generate_tokens
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.decoding import Generation, generate_tokens
 from mtad_edge.runtime.errors import IncompatiblePairError, ModelLoadError
 from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 from mtad_edge.runtime.sampling import SamplingConfig
+
+from mtad_edge.loader import ModelOptions, open_pair
+from mtad_edge.pairs import Pair
 from mtad_edge.textstream import detokenize
 
 pytestmark = pytest.mark.slow
@@ -131,16 +132,15 @@ def test_mmtad_on_the_real_pair_commits_paths_of_the_drafted_tree(smol_models, m
 
 
 def test_compatible_pair_passes_and_incompatible_pair_is_refused(smol_files, gemma_files):
-    cfg = DecodeConfig(method="mtad")
-    with open_pair(smol_files, cfg, ModelOptions(n_ctx=128)) as ok:
+    with open_pair(smol_files, ["mtad"], 4, 4, ModelOptions(n_ctx=128)) as ok:
         assert ok.aux is not None
     with pytest.raises(IncompatiblePairError, match="vocabulary .* differs"):
-        open_pair(Pair(smol_files.target, gemma_files.aux), cfg, ModelOptions(n_ctx=128))
+        open_pair(Pair(smol_files.target, gemma_files.aux), ["mtad"], 4, 4, ModelOptions(n_ctx=128))
 
 
 def test_gemma_pair_generates(gemma_files):
     cfg = DecodeConfig("mtad", 24, seed=0)
-    with open_pair(gemma_files, cfg, ModelOptions(n_ctx=256)) as m:
+    with open_pair(gemma_files, ["mtad"], 4, 4, ModelOptions(n_ctx=256)) as m:
         prompt = m.render_chat([{"role": "user", "content": "Name three fruits."}])
         assert prompt.startswith("<start_of_turn>user\n")  # the manifest's built-in template
         out, st = generate_tokens(m.target, m.aux, m.target.tokenize(prompt), cfg)

@@ -5,15 +5,16 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, decode_beams, greedy_agreement
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.compat import check_pair
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.decoding import generate_tokens
+from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
-from conftest import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, decode_beams, greedy_agreement
 from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair, load_manifest, prepare
-from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.compat import check_pair
-from mtad_edge.runtime.decoding import DecodeConfig, generate_tokens
-from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
 pytestmark = pytest.mark.slow
 HAS_CUDA = "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers()
@@ -22,7 +23,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
 
 @pytest.fixture(scope="module")
 def ort_models(onnx_pair):
-    with open_pair(prepare(load_manifest(onnx_pair)), DecodeConfig("mmtad"), ModelOptions(n_ctx=512)) as m:
+    with open_pair(prepare(load_manifest(onnx_pair)), ["mmtad"], 4, 4, ModelOptions(n_ctx=512)) as m:
         yield m
 
 
@@ -85,7 +86,7 @@ def test_sampled_mtad_on_onnx_and_int4_generates(ort_models):
 
 def test_mixed_pair_llama_cpp_target_onnx_aux(onnx_pair, smol_files):
     aux_dir = onnx_pair.parent / "aux"
-    with open_pair(Pair(smol_files.target, aux_dir), DecodeConfig("sd"), ModelOptions(n_ctx=256)) as m:
+    with open_pair(Pair(smol_files.target, aux_dir), ["sd"], 4, 4, ModelOptions(n_ctx=256)) as m:
         check_pair(m.target, m.aux)
         [st] = assert_drafting_equals_greedy_ar(m.target, m.aux, "sd", ["The capital of France is"], 16)
     assert st.drafted > 0

@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-
 from mtad_edge.runtime.sampling import (
     SamplingConfig,
     filtered_logprobs,

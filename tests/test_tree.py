@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from mtad_edge.runtime.tree import TokenTree, greedy_tree_accept, mmtad_accept
 
 L = np.log

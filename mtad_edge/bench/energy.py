@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 
 class EnergyMeter:
@@ -12,7 +12,8 @@ class EnergyMeter:
     GPU has one (Volta+), else power sampled every 20 ms and integrated. None without NVML."""
 
     def __init__(self) -> None:
-        self._nvml = self._handle = None
+        self._nvml: Any = None
+        self._handle: Any = None
         try:
             import pynvml
 
@@ -27,7 +28,8 @@ class EnergyMeter:
         return self._nvml is not None
 
     def start(self) -> None:
-        self._t0, self._e0, self._samples = time.perf_counter(), self._counter(), []
+        self._t0, self._e0 = time.perf_counter(), self._counter()
+        self._samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         if self.available and self._e0 is None:
             self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -36,8 +38,9 @@ class EnergyMeter:
     def stop(self) -> Optional[float]:
         if not self.available:
             return None
-        if self._e0 is not None:
-            return (self._counter() - self._e0) / 1000.0  # mJ -> J
+        e1 = self._counter()
+        if self._e0 is not None and e1 is not None:
+            return (e1 - self._e0) / 1000.0  # mJ -> J
         self._stop.set()
         self._thread.join()
         pts = self._samples

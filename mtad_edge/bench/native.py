@@ -10,7 +10,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 from mtad_edge.runtime.errors import MtadEdgeError
 
@@ -24,21 +24,8 @@ def _tool(bin_dir: Path, name: str) -> Path:
 
 def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int) -> dict:
     """Token generation speed (tg) of ``model`` alone: llama-bench -p 0 -n N."""
-    cmd = [
-        str(_tool(bin_dir, "llama-bench")),
-        "-m",
-        str(model),
-        "-t",
-        str(threads),
-        "-p",
-        "0",
-        "-n",
-        str(n_tokens),
-        "-r",
-        "3",
-        "-o",
-        "json",
-    ]
+    exe = _tool(bin_dir, "llama-bench")
+    cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(n_tokens), "-r", "3", "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise MtadEdgeError(f"llama-bench failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -57,29 +44,11 @@ _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+(
 
 def speculative_simple(
     bin_dir: Path, target: Path, aux: Path, prompt: str, n_tokens: int, threads: int, gamma: int, n_ctx: int = 4096
-) -> Optional[dict]:
+) -> dict[str, Any]:
     """Greedy draft-model speculative decoding with llama.cpp's example, same draft length."""
-    cmd = [
-        str(_tool(bin_dir, "llama-speculative-simple")),
-        "-m",
-        str(target),
-        "-md",
-        str(aux),
-        "--spec-type",
-        "draft-simple",
-        "-p",
-        prompt,
-        "-n",
-        str(n_tokens),
-        "-t",
-        str(threads),
-        "--temp",
-        "0",
-        "--spec-draft-n-max",
-        str(gamma),
-        "-c",
-        str(n_ctx),
-    ]
+    exe = _tool(bin_dir, "llama-speculative-simple")
+    cmd = [str(exe), "-m", str(target), "-md", str(aux), "--spec-type", "draft-simple", "-p", prompt]
+    cmd += ["-n", str(n_tokens), "-t", str(threads), "--temp", "0", "--spec-draft-n-max", str(gamma), "-c", str(n_ctx)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     log = proc.stderr
     m = _DECODED.search(log)

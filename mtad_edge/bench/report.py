@@ -26,20 +26,24 @@ def report_markdown(results: dict) -> str:
     lines = [
         f"# mtad-edge bench: {results['pair']['name']}",
         "",
-        f"{cfg['prompts']} prompts x {cfg['repeats']} repeats, max {cfg['max_tokens']} tokens, temperature {cfg['temperature']}, "
+        f"{cfg['prompts']} prompts x {cfg['repeats']} repeats, max {cfg['max_tokens']} tokens, "
+        f"temperature {cfg['temperature']}, "
         f"top-k {cfg['top_k']}, top-p {cfg['top_p']}, gamma {cfg['gamma']}, beam width {cfg['beam_width']}, "
         f"threshold {cfg['accept_threshold']}, {cfg['threads']} threads.",
         "",
-        "| method | tok/s (min-max) | x ar | x sd | TTFT s | block eff. | acceptance | PPL | PPL x ar | CPU s/tok | J/tok | peak RSS MB |",
+        "| method | tok/s (min-max) | x ar | x sd | TTFT s | block eff. | acceptance | PPL | PPL x ar "
+        "| CPU s/tok | J/tok | peak RSS MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, a in methods.items():
         va, vs = rat.get("vs_ar", {}).get(m, {}), rat.get("vs_sd", {}).get(m, {})
         lines.append(
-            f"| {m} | {_fmt(a['tokens_per_s'], '.1f')} ({_fmt(a['tokens_per_s_min'], '.1f')}-{_fmt(a['tokens_per_s_max'], '.1f')}) "
+            f"| {m} | {_fmt(a['tokens_per_s'], '.1f')} "
+            f"({_fmt(a['tokens_per_s_min'], '.1f')}-{_fmt(a['tokens_per_s_max'], '.1f')}) "
             f"| {_fmt(va.get('tokens_per_s'))} | {_fmt(vs.get('tokens_per_s'))} | {_fmt(a['ttft_s'], '.3f')} "
             f"| {_fmt(a['block_efficiency'])} | {_fmt(a['acceptance_rate'], '.1%')} | {_fmt(a['ppl'], '.2f')} "
-            f"| {_fmt(va.get('ppl'))} | {_fmt(a['cpu_s_per_token'], '.4f')} | {_fmt(a['j_per_token'], '.3f', 'n/a (no GPU)')} "
+            f"| {_fmt(va.get('ppl'))} | {_fmt(a['cpu_s_per_token'], '.4f')} "
+            f"| {_fmt(a['j_per_token'], '.3f', 'n/a (no GPU)')} "
             f"| {_fmt(a['peak_rss_mb'], '.0f')} |"
         )
     native = results.get("native")

@@ -9,15 +9,15 @@ import os
 import resource
 import statistics
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Optional
 
 from mtad_edge.bench.energy import EnergyMeter
-from mtad_edge.bench.score import token_logprobs
-from mtad_edge.runtime.decoding import DecodeConfig, Generation
+from mtad_edge.engine import Engine
+from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError
 
 
@@ -42,7 +42,7 @@ def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
         except OSError as e:
             raise MtadEdgeError(f"cannot read prompts file {path}: {e.strerror}") from None
         where = str(path)
-    items = []
+    items: list[dict[str, Any]] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -61,8 +61,9 @@ def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
     return items
 
 
-def render(models, item: dict) -> str:
-    return models.render_chat(item["messages"]) if "messages" in item else item["prompt"]
+def render(engine: Engine, item: dict[str, Any]) -> str:
+    """The prompt text of a prompt-file item (chat messages rendered with the pair's template)."""
+    return engine.render_chat(item["messages"]) if "messages" in item else item["prompt"]
 
 
 def _cpu_s() -> float:
@@ -75,31 +76,26 @@ def _peak_rss_mb() -> float:
     return kb / 1024 / 1024 if sys.platform == "darwin" else kb / 1024  # bytes on macOS, KiB on Linux
 
 
-def measure(models, prompt_ids: list[int], cfg: DecodeConfig, meter: EnergyMeter) -> dict:
-    """One generation with every per-run figure; PPL is scored afterwards, outside the timing."""
+def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: EnergyMeter) -> dict[str, Any]:
+    """One request with every per-run figure; PPL is scored afterwards, outside the timing."""
     cpu0 = _cpu_s()
     meter.start()
-    t0 = time.perf_counter()
-    gen = Generation(models.target, models.aux, prompt_ids, cfg)
-    tokens, ttft = [], None
-    for block in gen:
-        if ttft is None:
-            ttft = time.perf_counter() - t0
-        tokens += block
+    response = engine.generate(render(engine, item), **cfg.as_options())
+    response.text()
     energy = meter.stop()
     cpu = _cpu_s() - cpu0
-    st = gen.stats
-    logp = token_logprobs(models.target, prompt_ids, tokens)
+    st, tokens = response.stats, response.tokens
+    logp = engine.score(response.prompt_ids, tokens)
     n = len(tokens)
     return {
         "method": cfg.method,
         "seed": st.seed,
-        "prompt_tokens": len(prompt_ids),
+        "prompt_tokens": response.prompt_tokens,
         "generated": n,
         "wall_s": st.wall_s,
         "decode_s": st.decode_s,
         "prefill_s": st.prefill_s,
-        "ttft_s": ttft,
+        "ttft_s": st.ttft_s,
         "tokens_per_s": st.tokens_per_s,
         "target_calls": st.target_calls,
         "drafted": st.drafted,
@@ -123,17 +119,16 @@ def measure(models, prompt_ids: list[int], cfg: DecodeConfig, meter: EnergyMeter
 
 
 def run_bench(
-    models, prompts: list[dict], cfg: BenchConfig, progress: Callable[[int], None] = lambda n: None
-) -> list[dict]:
+    engine: Engine, prompts: list[dict[str, Any]], cfg: BenchConfig, progress: Callable[[int], None] = lambda n: None
+) -> list[dict[str, Any]]:
     """Rows for repeats x prompts x methods. Within a repeat every method gets the same seed."""
     meter = EnergyMeter()
-    rendered = [(item, models.target.tokenize(render(models, item))) for item in prompts]
     rows = []
     for rep in range(cfg.repeats):
-        for i, (item, ids) in enumerate(rendered):
+        for i, item in enumerate(prompts):
             seed = (cfg.decode.seed or 0) + 1000 * rep + i
             for method in cfg.methods:
-                row = measure(models, ids, cfg.for_method(method, seed), meter)
+                row = measure(engine, item, cfg.for_method(method, seed), meter)
                 rows.append({"prompt_id": item["id"], "repeat": rep, **row})
                 progress(1)
     return rows

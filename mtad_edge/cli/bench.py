@@ -7,24 +7,25 @@ import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Optional
 
 import click
 
 from mtad_edge.bench import native, report
 from mtad_edge.bench.run import BenchConfig, aggregate, load_prompts, ratios, render, run_bench
-from mtad_edge.cli.options import decode_config, errors_as_click, model_options, pair_or_manifest, sampling_options
-from mtad_edge.loader import ModelOptions, open_pair
-from mtad_edge.pairs import resolve
-from mtad_edge.runtime.decoding import METHODS
+from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.llama_cpp_backend import default_threads
+from mtad_edge.runtime.methods import names as method_names
 
 
 def _methods(value: str) -> tuple[str, ...]:
     names = tuple(m.strip() for m in value.split(",") if m.strip())
     for m in names:
-        if m not in METHODS:
-            raise click.BadParameter(f"unknown method {m!r} (choose from {', '.join(METHODS)})", param_hint="--methods")
+        if m not in method_names():
+            raise click.BadParameter(
+                f"unknown method {m!r} (choose from {', '.join(method_names())})", param_hint="--methods"
+            )
     if not names:
         raise click.BadParameter("no methods given", param_hint="--methods")
     return names
@@ -70,77 +71,58 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
 @click.option("--sweep-widths", default="1,2,4,8", show_default=True)
 @errors_as_click
 def bench(
-    pair,
-    manifest,
-    target,
-    aux,
-    n_ctx,
-    n_threads,
-    n_gpu_layers,
-    flash_attn,
-    backend,
-    provider,
-    methods,
-    prompts_file,
-    repeats,
-    out_dir,
-    llama_cpp_bin,
-    sweep,
-    sweep_thresholds,
-    sweep_gammas,
-    sweep_widths,
-    **sampling,
-):
+    model: ModelChoice,
+    methods: str,
+    prompts_file: Optional[str],
+    repeats: int,
+    out_dir: str,
+    llama_cpp_bin: Optional[str],
+    sweep: bool,
+    sweep_thresholds: str,
+    sweep_gammas: str,
+    sweep_widths: str,
+    **sampling: Any,
+) -> None:
     """Measure speed, acceptance, perplexity and energy of each method on the same pair and prompts."""
-    methods = _methods(methods)
+    chosen = _methods(methods)
     base = decode_config(method="mtad", **{**sampling, "seed": sampling["seed"] or 0})  # reproducible by default
-    cfg = BenchConfig(methods=methods, repeats=repeats, decode=base)
+    cfg = BenchConfig(methods=chosen, repeats=repeats, decode=base)
     points = sweep_settings(base, _floats(sweep_thresholds), _ints(sweep_gammas), _ints(sweep_widths)) if sweep else []
     prompts = load_prompts(prompts_file)
-    paths = resolve(pair_or_manifest(pair, manifest), target, aux, say=lambda s: click.echo(s, err=True))
-    threads = n_threads or default_threads()
-    drafting = "mmtad" if "mmtad" in methods else ("mtad" if set(methods) != {"ar"} or points else "ar")
-    sizing = replace(
-        base,
-        method=drafting,  # room for every setting
-        gamma=max([base.gamma] + [p["gamma"] for p in points]),
-        beam_width=max([base.beam_width] + [p["beam_width"] for p in points]),
-    )
-    opts = ModelOptions(
-        n_ctx=n_ctx,
-        n_threads=threads,
-        n_gpu_layers=n_gpu_layers,
-        flash_attn=flash_attn,
-        backend=backend,
-        provider=provider,
+    threads = model.options.threads or default_threads()
+    model = replace(model, options=replace(model.options, threads=threads))
+    capacity = (
+        max([base.gamma] + [p["gamma"] for p in points]),  # room for every setting
+        max([base.beam_width] + [p["beam_width"] for p in points]),
     )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    total = repeats * len(prompts) * len(methods) + len(points) * len(prompts)
+    total = repeats * len(prompts) * len(chosen) + len(points) * len(prompts)
     with (
-        open_pair(paths, sizing, opts) as models,
+        model.engine(base, list(chosen) + (["mtad"] if points else []), capacity) as engine,
         click.progressbar(length=total, label="bench", file=sys.stderr) as bar,
     ):
-        rows = run_bench(models, prompts, cfg, bar.update)
+        rows = run_bench(engine, prompts, cfg, bar.update)
         sweep_rows = []
         for p in points:
             one = BenchConfig(methods=("mtad",), repeats=1, decode=replace(base, **p))
-            agg = aggregate(run_bench(models, prompts, one, bar.update))["mtad"]
+            agg = aggregate(run_bench(engine, prompts, one, bar.update))["mtad"]
             sweep_rows.append(
                 {**p, **{k: agg[k] for k in ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl")}}
             )
-        rendered = [render(models, item) for item in prompts]
+        rendered = [render(engine, item) for item in prompts]
+        paths = engine.pair
     agg = aggregate(rows)
     results = {
         "schema": 1,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "pair": {
-            "name": paths.manifest.name if paths.manifest else Path(paths.target).stem,
+            "name": paths.manifest.name if paths.manifest else Path(str(paths.target)).stem,
             "target": str(paths.target),
             "aux": str(paths.aux) if paths.aux else None,
         },
         "config": {
-            "methods": list(methods),
+            "methods": list(chosen),
             "prompts": len(prompts),
             "repeats": repeats,
             "max_tokens": base.max_tokens,

@@ -7,16 +7,17 @@ Ctrl-C stops the current answer and keeps the chat; Ctrl-D (end of input) leaves
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
-from mtad_edge.cli.options import errors_as_click, method_option, model_options, pair_or_manifest, sampling_options
-from mtad_edge.runtime.decoding import METHODS
+from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
 from mtad_edge.runtime.errors import ContextOverflowError
+from mtad_edge.runtime.methods import names as method_names
 
 HELP = (
     "/reset clears the conversation, /stats shows the last answer's stats, /method NAME switches "
-    f"decoder ({', '.join(METHODS)}), /help, /quit. Ctrl-C stops an answer, Ctrl-D quits."
+    f"decoder ({', '.join(method_names())}), /help, /quit. Ctrl-C stops an answer, Ctrl-D quits."
 )
 
 
@@ -46,11 +47,11 @@ class ChatSession:
         elif cmd == "/stats":
             _info(self.last_stats.summary() if self.last_stats else "(no answer yet)")
         elif cmd == "/method":
-            if arg.strip() in METHODS:
+            if arg.strip() in method_names():
                 self.method = arg.strip()
                 _info(f"(method: {self.method})")
             else:
-                _info(f"(method is {self.method}; choose from {', '.join(METHODS)})")
+                _info(f"(method is {self.method}; choose from {', '.join(method_names())})")
         elif cmd == "/help":
             _info(HELP)
         else:
@@ -92,48 +93,19 @@ class ChatSession:
 
 @click.command()
 @model_options
-@method_option
-@sampling_options
+@decode_options
 @click.option("--system", help="System message for the conversation.")
 @click.option(
     "--drop-oldest", is_flag=True, help="When the context is full, drop the oldest turns instead of refusing."
 )
 @errors_as_click
-def chat(
-    pair,
-    manifest,
-    target,
-    aux,
-    n_ctx,
-    n_threads,
-    n_gpu_layers,
-    flash_attn,
-    backend,
-    provider,
-    method,
-    system,
-    drop_oldest,
-    **sampling,
-):
+def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: Any) -> None:
     """Chat with the model in the terminal (the pair's chat template, streaming answers)."""
-    from mtad_edge.engine import Engine
-
-    name = pair_or_manifest(pair, manifest)
-    engine = Engine.load(
-        name,
-        target=target,
-        aux=aux,
-        method=method,
-        n_ctx=n_ctx,
-        threads=n_threads,
-        n_gpu_layers=n_gpu_layers,
-        flash_attn=flash_attn,
-        backend=backend,
-        provider=provider,
-        **sampling,
-    )
+    cfg = decode_config(**decode)
+    engine = model.engine(cfg)
+    method = cfg.method
     session = ChatSession(engine, method, system, drop_oldest)
-    _info(f"mtad-edge chat ({name or target or 'smollm2-135m'}, method {method}). {HELP}")
+    _info(f"mtad-edge chat ({model.label}, method {method}). {HELP}")
     try:
         while True:
             try:

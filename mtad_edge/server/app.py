@@ -11,8 +11,8 @@ import hmac
 import json
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -66,7 +66,7 @@ def create_app(
         except P.BadRequest as e:
             return _error(e)
         except (ValueError, MtadEdgeError) as e:
-            return _error(P.BadRequest(str(e)))
+            return _error(P.BadRequest(str(e), getattr(e, "param", None)))
         if not slots.acquire(blocking=False):
             return _error(
                 P.BadRequest(

@@ -1,0 +1,47 @@
+"""``mmtad``: MTAD verifying all w final beams at once as a token tree (one target pass), keeping
+the best among the deepest passing prefixes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..drafter import beam_cells, beam_slots
+from ..sampling import filtered_logprobs, sample
+from ..tree import TokenTree, TreeVerifier, greedy_tree_accept, mmtad_accept
+from . import Layout, Method
+from .ar import plain_step
+
+if TYPE_CHECKING:
+    from ..decoding import Generation
+
+
+class MMTAD(Method):
+    name = "mmtad"
+    summary = "MTAD verifying all beams at once as a tree"
+    uses_beams = True
+
+    def layout(self, gamma: int, width: int) -> Layout:
+        # The pending token and up to w x gamma tree nodes; beam b in target sequence 1 + b.
+        return Layout(width + 1, width * gamma + 1, beam_slots(width), beam_cells(width, gamma))
+
+    def step(self, run: Generation, gamma: int, width: int) -> list[int]:
+        if gamma == 0:
+            return plain_step(run)
+        draft = run.propose(gamma, width)
+        assert draft.beams is not None
+        tree = TokenTree.from_beams(draft.beams)
+        verifier = TreeVerifier(run.target)
+        with run.timed("verify_s"):
+            p = filtered_logprobs(verifier.logits(run.tokens, tree), run.cfg.sampling)  # row 0: root
+            run.stats.target_calls += 1
+            rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
+            if run.cfg.sampling.greedy:
+                k, b = greedy_tree_accept(draft.beams, np.argmax(p, axis=-1)[rows])
+            else:
+                logp_x = p[rows, draft.beams]
+                k, b = mmtad_accept(np.cumsum(logp_x, axis=1), np.cumsum(draft.logq_x), run.cfg.accept_threshold)
+            nxt = sample(p[1 + tree.node_of[b, k - 1] if k else 0], run.rng)
+            verifier.adopt(len(run.tokens), b, k, len(draft.beams))
+        return run.commit(draft.beams[b], k, nxt, beam=b)

@@ -1,0 +1,40 @@
+"""``mtad``: multi-token assisted decoding (Qin et al., ICLR 2025): beam-sampled draft, joint
+acceptance test, one bonus token from the target."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..drafter import beam_cells, beam_slots
+from ..sampling import sample
+from ..verify import greedy_accept_length, mtad_accept_length
+from . import Layout, Method
+from .ar import plain_step
+
+if TYPE_CHECKING:
+    from ..decoding import Generation
+
+
+class MTAD(Method):
+    name = "mtad"
+    summary = "multi-token assisted decoding: beam draft, joint acceptance"
+    uses_beams = True
+
+    def layout(self, gamma: int, width: int) -> Layout:
+        return Layout(1, gamma + 1, beam_slots(width), beam_cells(width, gamma))
+
+    def step(self, run: Generation, gamma: int, width: int) -> list[int]:
+        if gamma == 0:
+            return plain_step(run)
+        draft = run.propose(gamma, width)
+        p = run.target_logp(draft.tokens)
+        with run.timed("verify_s"):
+            n = len(draft.tokens)
+            if run.cfg.sampling.greedy:
+                k = greedy_accept_length(draft.tokens, np.argmax(p[:n], axis=-1))
+            else:
+                k = mtad_accept_length(p[np.arange(n), draft.tokens], draft.logq_x, run.cfg.accept_threshold)
+            nxt = sample(p[k], run.rng)
+        return run.commit(draft.tokens, k, nxt)

@@ -1,0 +1,168 @@
+"""Every request option, written once: its default, its bound and its error message.
+
+The runtime's configs (``SamplingConfig``, ``DecodeConfig``) validate with :func:`check`; the CLI
+builds its click options from :data:`OPTIONS` (mtad_edge/cli/options.py) and the server parses
+request bodies with :func:`check` too, so the same bad value gets the same words everywhere:
+
+    >>> check("gamma", 0)
+    Traceback (most recent call last):
+    OptionError: gamma must be an integer in 1..16, got 0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .errors import OptionError
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. ``kind``: "int", "float", "choice" or "strings"; ``lo``/``hi`` bound numbers
+    (``lo_open``: lo itself excluded); ``auto``: the string "auto" is accepted too; ``nullable``:
+    None means "unset" (e.g. a random seed); ``choices`` lists the allowed strings."""
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_open: bool = False
+    auto: bool = False
+    nullable: bool = False
+    choices: Optional[Callable[[], tuple[str, ...]]] = None
+    max_items: int = 0  # strings: how many at most (0 = any)
+
+    def describe(self) -> str:
+        """What a valid value is, in words (used in every error message and in --help)."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.allowed())
+        if self.kind == "strings":
+            return "a string or a list of " + (f"up to {self.max_items} " if self.max_items else "") + "strings"
+        noun = "an integer" if self.kind == "int" else "a number"
+        if self.lo is not None and self.hi is not None:
+            if self.kind == "int":
+                rng = f" in {self.lo:g}..{self.hi:g}"
+            else:
+                rng = f" in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}]"
+        elif self.lo is not None:
+            rng = f" {'>' if self.lo_open else '>='} {self.lo:g}"
+        else:
+            rng = ""
+        return noun + rng + (" or 'auto'" if self.auto else "")
+
+    def allowed(self) -> tuple[str, ...]:
+        return self.choices() if self.choices else ()
+
+    def check(self, value: Any) -> Any:
+        """The value, normalised (ints as int, numbers as float); OptionError when it is bad."""
+        if value is None and self.nullable:
+            return None
+        if self.auto and value == AUTO:
+            return AUTO
+        if self.kind == "choice":
+            if isinstance(value, str) and value in self.allowed():
+                return value
+        elif self.kind == "strings":
+            if isinstance(value, str):
+                value = [value]
+            if (
+                isinstance(value, (list, tuple))
+                and all(isinstance(s, str) for s in value)
+                and (not self.max_items or len(value) <= self.max_items)
+            ):
+                return [s for s in value if s]
+        elif _is_number(value, integral=self.kind == "int") and self._in_range(value):
+            return int(value) if self.kind == "int" else float(value)
+        raise OptionError(f"{self.name} must be {self.describe()}, got {value!r}", self.name)
+
+    def parse(self, text: str) -> Any:
+        """A command-line string -> a checked value (numbers parsed as the kind says)."""
+        if self.kind in ("int", "float") and not (self.auto and text == AUTO):
+            try:
+                return self.check(int(text) if self.kind == "int" else float(text))
+            except ValueError:
+                raise OptionError(f"{self.name} must be {self.describe()}, got {text!r}", self.name) from None
+        return self.check(text)
+
+    def _in_range(self, v: float) -> bool:
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return self.hi is None or v <= self.hi
+
+
+def _is_number(v: Any, integral: bool) -> bool:
+    if isinstance(v, bool):
+        return False
+    if integral:
+        return isinstance(v, int)
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _methods() -> tuple[str, ...]:
+    from .methods import names  # the registry; imported late: methods import this module's users
+
+    return names()
+
+
+GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
+WIDTH_MAX = 8  # the widest beam; MMTAD's full tree then has at most 8 x 16 nodes
+SEED_MAX = 2**64 - 1
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option("method", "choice", "mtad", "Decoding method.", choices=_methods),
+        Option("max_tokens", "int", 256, "Tokens to generate at most (also capped by the context).", lo=1),
+        Option("temperature", "float", 1.0, "Sampling temperature; 0 = greedy.", lo=0, hi=2),
+        Option("top_k", "int", 10, "Keep the k most likely tokens; 0 disables.", lo=0),
+        Option(
+            "top_p",
+            "float",
+            0.9,
+            "Nucleus: keep the smallest set with this mass; 1 disables.",
+            lo=0,
+            hi=1,
+            lo_open=True,
+        ),
+        Option(
+            "seed",
+            "int",
+            None,
+            "Sampling seed (default: random; the seed used is in the stats).",
+            lo=0,
+            hi=SEED_MAX,
+            nullable=True,
+        ),
+        Option("gamma", "int", 4, "Draft length.", lo=1, hi=GAMMA_MAX),
+        Option("beam_width", "int", 4, "MTAD beams w.", lo=1, hi=WIDTH_MAX),
+        Option(
+            "accept_threshold",
+            "float",
+            0.5,
+            "MTAD: accept the longest prefix with p(x)/q(x) above this.",
+            lo=0,
+            hi=1,
+            lo_open=True,
+        ),
+        Option("stop", "strings", (), "Stop strings: the answer ends before the first one.", max_items=4),
+    )
+}
+
+
+def check(name: str, value: Any) -> Any:
+    """Validate one option by name (OptionError names the parameter)."""
+    opt = OPTIONS.get(name)
+    if opt is None:
+        raise OptionError(f"unknown option {name!r}", name)
+    return opt.check(value)
+
+
+def default(name: str) -> Any:
+    return OPTIONS[name].default
