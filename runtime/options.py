@@ -11,6 +11,7 @@ request bodies with :func:`check` too, so the same bad value gets the same words
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,21 +81,27 @@ class Option:
                 return [s for s in value if s]
         elif _is_number(value, integral=self.kind == "int") and self._in_range(value):
             return int(value) if self.kind == "int" else float(value)
-        raise OptionError(f"{self.name} must be {self.describe()}, got {value!r}", self.name)
+        raise OptionError(f"{self.name} must be {self.describe()}, got {_shown(value)}", self.name)
 
     def parse(self, text: str) -> Any:
         """A command-line string -> a checked value (numbers parsed as the kind says)."""
+        value: Any = text
         if self.kind in ("int", "float") and not (self.auto and text == AUTO):
-            try:
-                return self.check(int(text) if self.kind == "int" else float(text))
-            except ValueError:
-                raise OptionError(f"{self.name} must be {self.describe()}, got {text!r}", self.name) from None
-        return self.check(text)
+            with contextlib.suppress(ValueError):  # unparsable: checked as the string typed
+                value = int(text) if self.kind == "int" else float(text)
+        return self.check(value)
 
     def _in_range(self, v: float) -> bool:
         if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
             return False
         return self.hi is None or v <= self.hi
+
+
+def _shown(v: Any) -> str:
+    """A bad value as the message shows it: 3, 3.0 and "3" parsed from a command line read the same."""
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v) if isinstance(v, int) and not isinstance(v, bool) else repr(v)
 
 
 def _is_number(v: Any, integral: bool) -> bool:
