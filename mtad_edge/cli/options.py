@@ -71,7 +71,17 @@ method_option = request_option("method")
 sampling_options = _stack(
     *(
         request_option(n)
-        for n in ("gamma", "beam_width", "accept_threshold", "temperature", "top_k", "top_p", "seed", "max_tokens")
+        for n in (
+            "gamma",
+            "gamma_max",
+            "beam_width",
+            "accept_threshold",
+            "temperature",
+            "top_k",
+            "top_p",
+            "seed",
+            "max_tokens",
+        )
     )
 )
 
