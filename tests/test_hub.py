@@ -1,12 +1,15 @@
 """hf: references and known hub pairs, against a loopback hub (tests/fakehub.py) with the real huggingface_hub
 client: downloads, resumes, sha256 checks, offline use of the cache, and the one-line errors."""
 import hashlib
+import json
 import os
 
 import pytest
+from click.testing import CliRunner
 from fakehub import FakeHub, closed_port_url
 
 from mtad_edge import hub
+from mtad_edge.cli import cli
 from mtad_edge.runtime.errors import MtadEdgeError
 
 MB = 1 << 20
@@ -38,6 +41,19 @@ def fakehub(env, monkeypatch):
     with FakeHub() as h:
         monkeypatch.setenv("HF_ENDPOINT", h.url)
         yield h
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def one_line_error(r, *needles):
+    """Exit 1 with one `Error: ...` line, last (progress lines may come before it), and no traceback."""
+    lines = r.output.splitlines()
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert lines[-1].startswith("Error: ") and sum(x.startswith("Error:") for x in lines) == 1, r.output
+    for needle in needles:
+        assert needle in lines[-1], r.output
 
 
 # -- references ------------------------------------------------------------------------------
@@ -173,3 +189,81 @@ def test_file_that_differs_from_the_manifest_pin_is_not_downloaded(fakehub):
     n = len(fakehub.log)
     assert hub.fetch(pinned) == path and len(fakehub.log) == n  # pinned and checked: the hub is not asked again
 
+
+# -- one-line errors, through the CLI ----------------------------------------------------------
+def generate_ar(*refs):
+    args = ["generate", "hi", "--method", "ar", "--target", refs[0]]
+    return invoke(*args, *(["--method", "sd", "--aux", refs[1]] if len(refs) > 1 else []))
+
+
+def test_unknown_repository_revision_file_and_quantization_are_one_line_errors(fakehub):
+    fakehub.add("org/m", {"m-Q4_K_M.gguf": blob(MB)})
+    one_line_error(generate_ar("hf:nobody/nothing/x.gguf"),
+                   f"Error: hf:nobody/nothing/x.gguf: no repository nobody/nothing on {fakehub.url}")
+    one_line_error(generate_ar("hf:org/m/missing.gguf"),
+                   "hf:org/m/missing.gguf: org/m has no file missing.gguf (its .gguf files: m-Q4_K_M.gguf)")
+    one_line_error(generate_ar("hf:org/m@v9/m-Q4_K_M.gguf"), "hf:org/m@v9/m-Q4_K_M.gguf: org/m has no revision 'v9'")
+    one_line_error(generate_ar("hf:org/m:Q8_0"), "hf:org/m:Q8_0: org/m has no .gguf file for Q8_0 (it has Q4_K_M)")
+    one_line_error(generate_ar("hf:org/m/model.safetensors"), "is not a hub reference")
+    # the aux is fetched the same way (the target downloads, then the aux is refused)
+    one_line_error(generate_ar("hf:org/m/m-Q4_K_M.gguf", "hf:org/nope:Q4_0"),
+                   "hf:org/nope:Q4_0: no repository org/nope")
+    assert hub.cached("hf:org/m/m-Q4_K_M.gguf") is not None
+
+
+def test_offline_or_unreachable_and_not_cached_is_a_one_line_error(fakehub, monkeypatch):
+    fakehub.add("org/m", {"m-Q4_K_M.gguf": blob(MB)})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for ref in ("hf:org/m/m-Q4_K_M.gguf", "hf:org/m:Q4_K_M"):
+        one_line_error(generate_ar(ref), f"Error: {ref}: offline (HF_HUB_OFFLINE=1) and not in the cache "
+                                         f"{hub.cache_dir()}")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    down = closed_port_url()
+    monkeypatch.setenv("HF_ENDPOINT", down)
+    for ref in ("hf:org/m/m-Q4_K_M.gguf", "hf:org/m:Q4_K_M"):
+        one_line_error(generate_ar(ref), f"Error: {ref}: cannot reach {down} (offline?) and the file is not "
+                                         f"in the cache")
+    assert fakehub.log == []
+
+
+def test_gated_repository_needs_a_token_with_access(fakehub, monkeypatch):
+    data = blob(MB)
+    fakehub.add("org/gated", {"m.gguf": data}, gated=True, token="hf_granted")
+    one_line_error(generate_ar("hf:org/gated/m.gguf"),
+                   f"hf:org/gated/m.gguf: org/gated is gated: accept its terms on {fakehub.url}/org/gated and "
+                   f"set HF_TOKEN")
+    monkeypatch.setenv("HF_TOKEN", "hf_not_granted")
+    one_line_error(generate_ar("hf:org/gated/m.gguf"), "org/gated is gated", "your HF_TOKEN has no access to it yet")
+    monkeypatch.setenv("HF_TOKEN", "hf_granted")
+    assert hub.fetch("hf:org/gated/m.gguf").read_bytes() == data
+    assert [auth for method, path, _, auth in fakehub.log if method == "GET"][-1] == "Bearer hf_granted"
+
+
+# -- the hooks: --target/--aux and manifests -----------------------------------------------------
+def test_target_and_aux_references_resolve_to_cached_files(fakehub):
+    from mtad_edge.pairs import resolve
+
+    fakehub.add("org/t", {"t-Q8_0.gguf": blob(MB, 1)})
+    fakehub.add("org/a", {"a-Q4_0.gguf": blob(MB, 2)})
+    pair = resolve(target="hf:org/t/t-Q8_0.gguf", aux="hf:org/a:Q4_0")
+    assert (pair.target, pair.aux) == (hub.cached("hf:org/t/t-Q8_0.gguf"), hub.cached("hf:org/a:Q4_0"))
+    assert pair.aux.read_bytes() == blob(MB, 2)
+    with pytest.raises(MtadEdgeError, match="either --pair or --target/--aux"):
+        resolve("smollm2-135m", target="hf:org/t/t-Q8_0.gguf")
+
+
+def test_manifest_roles_name_hub_files(fakehub, tmp_path):
+    from mtad_edge.pairs import load_manifest, prepare
+
+    fakehub.add("org/m", {"t-Q8_0.gguf": blob(MB, 1), "a-Q4_0.gguf": blob(MB, 2)})
+    (tmp_path / "aux-local.gguf").write_bytes(b"GGUF")
+    sha = hashlib.sha256(blob(MB, 1)).hexdigest()
+    target = {"hub": {"repo": "org/m", "file": "t-Q8_0.gguf", "quant": "Q8_0", "sha256": sha, "size": MB}}
+    for aux, want in (({"hub": "hf:org/m:Q4_0"}, "a-Q4_0.gguf"), ({"file": "aux-local.gguf"}, "aux-local.gguf")):
+        path = tmp_path / "manifest.json"
+        path.write_text(json.dumps({"schema": 1, "name": "mine", "target": target, "aux": aux}))
+        pair = prepare(load_manifest(path))
+        assert pair.target == hub.cached("hf:org/m/t-Q8_0.gguf") and pair.aux.name == want
+    path.write_text(json.dumps({"schema": 1, "name": "mine", "target": {"hub": {"repo": "org/m"}}, "aux": aux}))
+    with pytest.raises(MtadEdgeError, match="hub entry needs repo and file"):
+        prepare(load_manifest(path))
