@@ -117,10 +117,11 @@ def fetch(ref: Union[str, HubRef], say: Progress = lambda s: None, refresh: bool
     with all its parts; the first part is returned."""
     ref = parse(ref) if isinstance(ref, str) else ref
     info = _Info(ref)
-    if ref.file:
-        files = [ref.file]
-    else:
-        files = (None if refresh else _cached_files(ref)) or pick_files(ref, info.listing())
+    files = [ref.file] if ref.file else (_cached_files(ref) if offline() or not refresh else None)
+    if files is None:
+        if offline():
+            raise MtadEdgeError(_not_cached(ref))
+        files = pick_files(ref, info.listing())
     paths = [_fetch_one(replace(ref, file=f, sha256=ref.sha256 if len(files) == 1 else None), info, say, refresh)
              for f in files]
     return paths[0]
@@ -135,7 +136,8 @@ def cached(ref: Union[str, HubRef]) -> Optional[Path]:
 
 
 def _cached_files(ref: HubRef) -> Optional[list[str]]:
-    """The cached file(s) of a quantization reference, when all of them are in the cache."""
+    """The cached file(s) of a quantization reference, when all of them are in the cache (looked up in the cached
+    snapshot of its revision, so that a run needs no network)."""
     try:
         files = pick_files(ref, _cached_listing(ref) or [])
     except MtadEdgeError:
@@ -144,8 +146,7 @@ def _cached_files(ref: HubRef) -> Optional[list[str]]:
 
 
 class _Info:
-    """The repository's file list and LFS hashes, asked of the model-info API at most once per fetch (or read from
-    the cached snapshot when offline)."""
+    """The repository's file list, sizes and LFS hashes, asked of the model-info API at most once per fetch."""
 
     def __init__(self, ref: HubRef):
         self.ref, self._siblings = ref, None
@@ -153,15 +154,9 @@ class _Info:
     def siblings(self) -> dict:
         if self._siblings is None:
             ref = self.ref
-            if offline():
-                names = _cached_listing(ref)
-                if names is None:
-                    raise MtadEdgeError(_not_cached(ref))
-                self._siblings = {n: None for n in names}
-            else:
-                info = _call(ref, lambda hf: hf.HfApi(endpoint=endpoint()).model_info(
-                    ref.repo, revision=ref.revision, files_metadata=True))
-                self._siblings = {s.rfilename: s for s in info.siblings or []}
+            info = _call(ref, lambda hf: hf.HfApi(endpoint=endpoint()).model_info(
+                ref.repo, revision=ref.revision, files_metadata=True))
+            self._siblings = {s.rfilename: s for s in info.siblings or []}
         return self._siblings
 
     def listing(self) -> list[str]:
