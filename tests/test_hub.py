@@ -268,3 +268,70 @@ def test_manifest_roles_name_hub_files(fakehub, tmp_path):
     with pytest.raises(MtadEdgeError, match="hub entry needs repo and file"):
         prepare(load_manifest(path))
 
+
+# -- known pairs, `models list` and `models pull` -------------------------------------------------
+def test_known_pairs_name_pinned_hub_files_and_what_was_verified():
+    from mtad_edge.pairs import builtin_names, hub_pair_names, load_manifest
+
+    names = hub_pair_names()
+    assert {"llama3.1-8b", "qwen2.5-3b", "smollm2-1.7b", "gemma3-1b"} <= set(names)
+    assert not set(names) & set(builtin_names())  # `models prepare --all` downloads nothing
+    for name in names:
+        m = load_manifest(name)
+        assert m.builtin and m.name == name and m.context_size > 0 and m.data["chat_template"]["source"] == "gguf"
+        assert m.data["target"].get("hub"), name
+        for role in ("target", "aux"):
+            if not m.data[role].get("hub"):
+                assert m.data[role]["derive"] and m.data["source"]["package"]  # derived locally, as built-in pairs
+                continue
+            ref = hub.from_spec(m.data[role]["hub"])
+            assert ref.file.endswith(".gguf") and ref.sha256 and ref.size > 100 * MB, (name, role)
+            assert hub.pick_files(hub.HubRef(ref.repo, quant=ref.quant), [ref.file]) == [ref.file]
+        assert m.data["verification"]["checked"] and m.data["verification"]["not_checked"]
+
+
+def test_models_list_shows_local_and_remote_pairs_with_sizes_without_the_network(env, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_url())
+    r = invoke("models", "list")
+    assert r.exit_code == 0, r.output
+    status = {line.split()[0]: line for line in r.output.splitlines()[2:]}
+    assert "smollm2-135m (default)  [local, not prepared]" in status["smollm2-135m"]
+    assert "[remote, 5.7 GB to download]" in status["llama3.1-8b"]
+    assert "[remote, 2.6 GB to download]" in status["qwen2.5-3b"]
+    assert "[remote, 1.1 GB to download]" in status["smollm2-1.7b"]  # its aux is derived locally
+
+
+@pytest.fixture
+def hub_pair(fakehub, tmp_path, monkeypatch):
+    """A known pair (in a stand-in for models/hub/) whose files are on the loopback hub."""
+    import mtad_edge.pairs as pairs
+
+    fakehub.add("org/t-GGUF", {"t-Q8_0.gguf": blob(2 * MB, 1)})
+    fakehub.add("org/a-GGUF", {"a-Q4_0.gguf": blob(MB, 2)})
+    target = {"repo": "org/t-GGUF", "file": "t-Q8_0.gguf", "quant": "Q8_0",
+              "sha256": hashlib.sha256(blob(2 * MB, 1)).hexdigest(), "size": 2 * MB}
+    manifest = {"schema": 1, "name": "tiny-pair", "description": "test pair", "target": {"hub": target},
+                "aux": {"hub": "hf:org/a-GGUF:Q4_0"}}
+    (tmp_path / "known").mkdir()
+    (tmp_path / "known" / "tiny-pair.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(pairs, "HUB_PAIRS_DIR", tmp_path / "known")
+    return "tiny-pair"
+
+
+def test_models_pull_fetches_a_pair_then_list_shows_it_cached(hub_pair, fakehub, monkeypatch):
+    def listed():
+        r = invoke("models", "list")
+        assert r.exit_code == 0, r.output
+        return next(line for line in r.output.splitlines() if line.startswith(hub_pair))
+
+    assert "[remote, 2 MB to download]" in listed()  # the aux's size is unknown until it is pulled
+    r = invoke("models", "pull", "hf:org/a-GGUF:Q4_0")
+    assert r.exit_code == 0 and r.output.splitlines()[-1] == f"hf:org/a-GGUF:Q4_0: {hub.cached('hf:org/a-GGUF:Q4_0')}"
+    assert "[partly cached, 2 MB to download]" in listed()
+    r = invoke("models", "pull", hub_pair)
+    assert r.exit_code == 0 and f"{hub_pair}: ready" in r.output, r.output
+    assert "[cached, 3 MB]" in listed()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = invoke("models", "path", hub_pair)
+    assert r.exit_code == 0 and r.output.splitlines()[-1] == f"aux: {hub.cached('hf:org/a-GGUF:Q4_0')}"
+    one_line_error(invoke("models", "pull", "hf:org/t-GGUF:Q4_0"), "offline (HF_HUB_OFFLINE=1)")
