@@ -223,7 +223,7 @@ def _fetch_one(ref: HubRef, info: _Info, say: Progress, refresh: bool) -> Path:
             break
         except _Interrupted as e:
             if attempt == _TRIES:
-                raise MtadEdgeError(f"{ref}: download interrupted ({e}); run the command again to resume") from None
+                raise MtadEdgeError(f"{ref}: download interrupted ({e}); run the command again") from None
             say(f"{ref}: download interrupted ({e}); resuming")
     _verify(ref, path, say)
     return path
@@ -338,7 +338,7 @@ def _call(ref: HubRef, fn, transfer: bool = False):
         if not _is_network_error(e):
             raise
         if transfer:
-            raise _Interrupted(_first_line(e)) from None
+            raise _Interrupted(type(e).__name__) from None
         raise MtadEdgeError(_not_cached(ref)) from None
 
 
@@ -360,7 +360,3 @@ def _is_network_error(e: BaseException) -> bool:
         return True
     return isinstance(e, (ConnectionError, TimeoutError)) or "Consistency check failed" in str(e)
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:200]
