@@ -12,7 +12,8 @@ or a reference string). Why this module exists on its own:
 
 - ``huggingface_hub`` is imported here only, and only when a hub reference is used, so the offline default path
   (the packaged pairs) never pays for it. Downloads go through its cache (``HF_HUB_CACHE`` / ``HF_HOME``), which
-  resumes interrupted transfers and is shared with every other tool that uses the Hub.
+  is shared with every other tool that uses the Hub and resumes a transfer that breaks off (within a run; 0.x
+  also across runs). A file already in the cache is used without asking the hub, so a run never waits on it.
 - The environment is read at call time (``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, the cache folders) and passed
   explicitly, because huggingface_hub reads some of it once at import.
 - Every file is checked against a sha256 before it is used: the manifest's, else the hub's LFS hash (which the
@@ -34,7 +35,7 @@ from mtad_edge.runtime.errors import MtadEdgeError
 PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when a reference names no file
 DEFAULT_ENDPOINT = "https://huggingface.co"
-_TRIES = 3  # attempts for a transfer that breaks off; each one resumes where the last stopped
+_TRIES = 3  # attempts for a transfer that breaks off (huggingface_hub 0.x resumes the partial file, later ones restart)
 _REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<rev>[^/:]+))?(?:/(?P<file>.+)|:(?P<quant>[\w.-]+))?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
