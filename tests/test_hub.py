@@ -3,6 +3,8 @@ client: downloads, resumes, sha256 checks, offline use of the cache, and the one
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -294,6 +296,19 @@ def test_known_pairs_name_pinned_hub_files_and_what_was_verified():
             assert hub.pick_files(hub.HubRef(ref.repo, quant=ref.quant), [ref.file]) == [ref.file]
         assert m.data["verification"]["checked"] and m.data["verification"]["not_checked"]
         assert f"| `{name}` |" in README.read_text()  # the known-pairs table says what was verified
+
+
+def test_the_offline_default_path_never_imports_huggingface_hub(tmp_path):
+    code = ("import sys\n"
+            "from click.testing import CliRunner\n"
+            "from mtad_edge.cli import cli\n"
+            "from mtad_edge.pairs import load_manifest, resolve\n"
+            "assert CliRunner().invoke(cli, ['models', 'list']).exit_code == 0\n"
+            "load_manifest('smollm2-135m'), resolve(target='t.gguf', aux='a.gguf')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('huggingface_hub')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={**os.environ, "MTAD_EDGE_HOME": str(tmp_path)})
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_models_list_shows_local_and_remote_pairs_with_sizes_without_the_network(env, monkeypatch):
