@@ -154,8 +154,14 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help=f"Named pair (see `mtad-edge models list`) or a manifest.json. Default: {DEFAULT_PAIR}.",
         ),
         click.option("--manifest", type=click.Path(exists=True), help="A pair's manifest.json (same as --pair PATH)."),
-        click.option("--target", type=click.Path(), help="Target model: a GGUF file or an ONNX model folder."),
-        click.option("--aux", type=click.Path(), help="Auxiliary (draft) model: GGUF file or ONNX folder."),
+        click.option(
+            "--target",
+            type=click.Path(),
+            help="Target model: a GGUF file, an ONNX model folder, or hf:OWNER/REPO/FILE.gguf | hf:OWNER/REPO:QUANT.",
+        ),
+        click.option(
+            "--aux", type=click.Path(), help="Auxiliary (draft) model: GGUF file, ONNX folder or an hf: reference."
+        ),
         click.option(
             "--ctx-size",
             "n_ctx",
