@@ -234,3 +234,20 @@ def assert_blocks_follow_trees(blocks, trees, accept_lengths):
     for block, beams, k in zip(blocks, trees, accept_lengths):
         assert len(block) == k + 1
         assert k == 0 or any(list(b[:k]) == block[:k] for b in beams.tolist()), (block, beams)
+
+
+def near_tie_at_first_difference(target, ids, ar, out, tol: float):
+    """None when ``out`` equals greedy ``ar``; else the first position where they differ, after
+    asserting it is a near-tie: the target's top two tokens there (a fresh one-row decode of the
+    prompt and ar's prefix) are ar's and out's, within ``tol`` logits. llama.cpp's numerics
+    depend on batch shape, so a multi-row verify may round such a tie the other way."""
+    if out == ar:
+        return None
+    i = next((i for i, (x, y) in enumerate(zip(ar, out)) if x != y), min(len(ar), len(out)))
+    assert i < min(len(ar), len(out)), "one run stopped early while the other went on"
+    target.clear()
+    logits = np.array(target.decode(Batch.run(list(ids) + list(ar[:i]), 0, logits="last"))[-1])
+    top = np.argsort(-logits)[:2]
+    margin = float(logits[top[0]] - logits[top[1]])
+    assert set(top) == {ar[i], out[i]} and margin < tol, (i, ar[i], out[i], top, margin)
+    return i

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from helpers import assert_blocks_follow_trees, common_prefix, decode_beams, record_trees
+from helpers import assert_blocks_follow_trees, common_prefix, decode_beams, near_tie_at_first_difference, record_trees
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import Batch
@@ -85,8 +85,11 @@ def test_beams_in_one_batch_match_single_sequence_decodes(smol_models, smol_file
 
 @pytest.mark.parametrize("gamma", [4, "auto"])
 def test_greedy_sd_and_mtad_equal_greedy_ar_on_the_real_pair(smol_models, gamma):
-    """llama.cpp logits depend on batch shape; measured here: 100 % identical (see the issue note).
-    With gamma 'auto' the draft lengths vary step to step, and the text still must not."""
+    """llama.cpp logits depend on batch shape. At fixed gamma 4 the batches are the same every run,
+    and every token equals ar's (measured, see the issue note). With 'auto' the draft lengths follow
+    the machine's timings, so the batch shapes vary between runs: a text may then leave ar's at a
+    near-tie (top two logits within 0.05, the spread batch shape causes here) and nowhere else;
+    CI once saw one such flip in 768 tokens."""
     t, a = smol_models.target, smol_models.aux
     greedy = SamplingConfig(temperature=0.0)
     total = agree = 0
@@ -98,8 +101,11 @@ def test_greedy_sd_and_mtad_equal_greedy_ar_on_the_real_pair(smol_models, gamma)
             total += len(ar)
             agree += common_prefix(ar, out)
             assert st.drafted > 0 and 0 < st.acceptance_rate <= 1
+            if gamma == "auto":
+                near_tie_at_first_difference(t, ids, ar, out, tol=5e-2)
     print(f"greedy sd/mtad vs ar agreement: {agree}/{total} tokens")
-    assert agree == total
+    if gamma == 4:
+        assert agree == total
 
 
 @pytest.mark.parametrize("method", ["ar", "sd", "mtad", "mmtad"])
