@@ -21,6 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
+from mtad_edge.logprobs import TokenLogprob, score
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
@@ -35,8 +36,8 @@ class Response:
     a stop string) or call ``text()``. ``tokens``, ``stats`` and ``finish_reason`` are filled as
     it runs. ``cancel()`` may be called from any thread."""
 
-    def __init__(self, engine: Engine, gen: Generation, stop: Sequence[str]):
-        self._engine, self._gen, self._stop = engine, gen, list(stop)
+    def __init__(self, engine: Engine, gen: Generation, stop: Sequence[str], logprobs: Optional[int] = None):
+        self._engine, self._gen, self._stop, self._top = engine, gen, list(stop), logprobs
         self.prompt_ids: list[int] = list(gen.tokens)
         self.prompt_tokens = len(self.prompt_ids)
         self._cancel = threading.Event()
@@ -45,6 +46,7 @@ class Response:
         self.tokens: list[int] = []
         self.stats: Stats = gen.stats
         self.finish_reason: Optional[str] = None
+        self.logprobs: Optional[list[TokenLogprob]] = None  # with generate(logprobs=N), once it ended
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -85,7 +87,10 @@ class Response:
 
     def _run(self) -> Generator[str, None, None]:
         eng, gen = self._engine, self._gen
-        with eng._hold():
+        with eng._hold(self._cancel) as started:
+            if not started:  # cancelled while it waited for the engine: it never ran
+                self.finish_reason = self.stats.finish_reason = "cancelled"
+                return
             models = eng._require_open()
             text, stop = TextStream(models.target), StopText(self._stop)
             blocks = iter(gen)
@@ -107,6 +112,8 @@ class Response:
                 blocks.close()  # ends the run cleanly (the caches stay reusable)
                 if self.finish_reason is None:
                     self.finish_reason = "cancelled"
+                elif self._top is not None and self.finish_reason != "cancelled":
+                    self.logprobs = score(models.target, self.prompt_ids, self.tokens, self._top)
 
 
 _LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))
@@ -163,19 +170,33 @@ class Engine:
         defaults = DecodeConfig().with_options(kwargs)
         return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names)
 
-    def generate(self, prompt: str, *, stop: Sequence[str] = (), **options: Any) -> Response:
+    def generate(
+        self, prompt: str, *, stop: Sequence[str] = (), logprobs: Optional[int] = None, **options: Any
+    ) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
-        gamma, beam_width, accept_threshold, seed. The cached prefix of the last request is reused."""
+        gamma, beam_width, accept_threshold, seed. ``logprobs=N``: once the answer is complete,
+        ``Response.logprobs`` holds each token's log-probability under the target's raw
+        distribution and its N most likely alternatives (mtad_edge/logprobs.py). The cached prefix
+        of the last request is reused."""
         if not isinstance(prompt, str):
             raise OptionError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
+            raise OptionError(f"logprobs must be an integer >= 0, got {logprobs!r}", "logprobs")
         gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg)
-        return Response(self, gen, stops)  # prompt length is checked here, before any work
+        return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
 
-    def chat(self, messages: list[dict[str, str]], *, stop: Sequence[str] = (), **options: Any) -> Response:
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        stop: Sequence[str] = (),
+        logprobs: Optional[int] = None,
+        **options: Any,
+    ) -> Response:
         """Answer a conversation rendered with the pair's chat template."""
-        return self.generate(self.render_chat(messages), stop=stop, **options)
+        return self.generate(self.render_chat(messages), stop=stop, logprobs=logprobs, **options)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Messages -> prompt text with the pair's chat template."""
@@ -216,13 +237,13 @@ class Engine:
         self.close()
 
     # -- internals --------------------------------------------------------------------------------
-    def _hold(self) -> _Held:
+    def _hold(self, cancel: Optional[threading.Event] = None) -> _Held:
         if self._owner == threading.get_ident():
             raise RuntimeError(
                 "another response of this engine is being iterated in this thread: "
                 "finish it (or close() it) before starting the next"
             )
-        return _Held(self)
+        return _Held(self, cancel)
 
     def _require_open(self) -> LoadedPair:
         if self._models is None:
@@ -242,15 +263,32 @@ class Engine:
 
 
 class _Held:
-    """The engine's lock, owned by the thread that runs a request."""
+    """The engine's lock, owned by the thread that runs a request. A request waiting for it gives
+    up when ``cancel`` is set (a server client that went away frees its place in the queue at
+    once); ``__enter__`` then returns False and the lock is not held."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    POLL_S = 0.05  # how often a waiting request looks at its cancel flag
 
-    def __enter__(self) -> None:
-        self.engine._lock.acquire()
+    def __init__(self, engine: Engine, cancel: Optional[threading.Event] = None):
+        self.engine, self.cancel, self.held = engine, cancel, False
+
+    def __enter__(self) -> bool:
+        lock = self.engine._lock
+        if self.cancel is None:
+            lock.acquire()
+        else:
+            while not lock.acquire(timeout=self.POLL_S):
+                if self.cancel.is_set():
+                    return False
+            if self.cancel.is_set():
+                lock.release()
+                return False
+        self.held = True
         self.engine._owner = threading.get_ident()
+        return True
 
     def __exit__(self, *exc: Any) -> None:
-        self.engine._owner = None
-        self.engine._lock.release()
+        if self.held:
+            self.held = False
+            self.engine._owner = None
+            self.engine._lock.release()

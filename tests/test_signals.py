@@ -1,4 +1,5 @@
-"""Issue 13 through real processes: SIGINT and SIGTERM never crash `mtad-edge` or lose its output."""
+"""Issue 13 through real processes: SIGINT and SIGTERM never crash `mtad-edge` or lose its output,
+and the server stops promptly."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,3 +101,63 @@ def test_ctrl_c_during_the_model_load_exits_130(smol_files):
     assert p.returncode == 130
     if out.strip():  # the load had finished: the run stopped at once
         assert json.loads(out)["stats"]["finish_reason"] == "interrupted"
+
+
+# -- the server -------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(port: int) -> subprocess.Popen:
+    import http.client
+
+    p = start("serve", "--port", str(port), "--ctx-size", "4096", "--threads", "2", "--queue-size", "2")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/v1/models")
+            if conn.getresponse().status == 200:
+                return p
+        except OSError:
+            time.sleep(0.2)
+        assert p.poll() is None, p.stderr.read()
+    pytest.fail("the server did not start")
+
+
+def post_forever(port: int, results: list) -> None:
+    import http.client
+
+    body = json.dumps({"prompt": STORY, "max_tokens": 1_000_000_000, "temperature": 0})
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        results.append(conn.getresponse().status)
+    except OSError as e:
+        results.append(type(e).__name__)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_the_server_stops_promptly_on_a_signal_cancelling_what_runs(smol_files, sig, code):
+    """It stayed alive 150 s after SIGTERM with an orphaned generation: now the running and the
+    waiting requests are cancelled (503) and the process ends."""
+    port = free_port()
+    p = serve(port)
+    results: list = []
+    clients = [threading.Thread(target=post_forever, args=(port, results)) for _ in range(2)]
+    for c in clients:
+        c.start()
+    time.sleep(2)  # one generating, one waiting
+    p.send_signal(sig)
+    try:
+        p.wait(timeout=15)  # liveness, not speed: it used to take 34-150 s
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("the server was still alive 15 s after the signal")
+    for c in clients:
+        c.join(30)
+    err = p.stderr.read()
+    no_crash(p, err)
+    assert p.returncode == code and results and all(r in (503, "RemoteDisconnected") for r in results), results

@@ -1,0 +1,275 @@
+"""Issue 13, on fake backends: abandoned and stopped requests free the server, the server says
+what it does not support, a seed means a fresh-engine answer, bad input is a ValueError naming
+the parameter. (The same cases on the real models and through real processes: test_server.py,
+test_signals.py.)"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers import FakeLM
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.sampling import log_softmax
+
+from mtad_edge.engine import Engine
+from mtad_edge.loader import LoadedPair
+from mtad_edge.pairs import Pair
+
+
+class SlowLM(FakeLM):
+    """A FakeLM whose every decode call takes a while, so a long answer is still running when a
+    test acts on it."""
+
+    delay = 0.005
+
+    def decode(self, batch):
+        time.sleep(self.delay)
+        return super().decode(batch)
+
+
+def engine_over(target, aux=None, **defaults) -> Engine:
+    aux = aux or SlowLM(salt=2, n_seq_max=9, n_ctx=target.n_ctx, vocab=target.n_vocab)
+    return Engine(LoadedPair(target, aux, Pair(None, None)), DecodeConfig(**defaults))
+
+
+def wait_until(predicate, timeout: float = 20.0) -> None:
+    """Liveness, not speed: fails only if the condition never comes."""
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+class Served:
+    """The real app over an engine, served by uvicorn on a free loopback port in this process."""
+
+    def __init__(self, engine: Engine, queue_size: int = 2):
+        import uvicorn
+
+        from mtad_edge.server.app import create_app
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.app = create_app(engine, "fake", queue_size=queue_size)
+        self.runs = self.app.state.runs
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started)
+
+    def post(self, body, path: str = "/v1/completions", timeout: float = 60) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        return resp.status, json.loads(raw) if raw else {}
+
+    def get(self, path: str) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        out = resp.status, json.loads(resp.read())
+        conn.close()
+        return out
+
+    def abandon_later(self, body, path: str = "/v1/completions") -> socket.socket:
+        """Send a request on a raw socket; closing the socket is the client going away."""
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        data = json.dumps(body).encode()
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        return sock
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.runs.close()
+
+
+@pytest.fixture
+def served():
+    target = SlowLM(salt=1, n_seq_max=5, n_ctx=4096)
+    s = Served(engine_over(target))
+    yield s
+    s.close()
+
+
+LONG = {"prompt": "abc", "max_tokens": 100000, "method": "mtad"}  # runs until the context is full
+SHORT = {"prompt": "abc", "max_tokens": 4}
+
+
+def statuses(served: Served, n: int, body) -> list[int]:
+    out: list[int] = []
+    threads = [threading.Thread(target=lambda: out.append(served.post(body)[0])) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(out)
+
+
+def track_cancels(served: Served) -> dict:
+    """For each response the server holds now: how many tokens it had when it was cancelled."""
+    at_cancel: dict = {}
+    for r in list(served.runs.active):
+        real = r.cancel
+
+        def cancel(r=r, real=real):
+            at_cancel.setdefault(r, len(r.tokens))
+            real()
+
+        r.cancel = cancel
+    return at_cancel
+
+
+def test_abandoned_non_stream_requests_are_cancelled_and_free_their_places(served):
+    socks = [served.abandon_later(LONG) for _ in range(3)]  # 1 running + 2 waiting: the server is full
+    wait_until(lambda: len(served.runs.active) == 3)
+    held = list(served.runs.active)
+    at_cancel = track_cancels(served)
+    assert served.post(SHORT)[0] == 429
+    for s in socks:
+        s.close()  # the clients time out and go away
+    wait_until(lambda: not served.runs.active)
+    assert all(r.finish_reason == "cancelled" for r in held)
+    for r in held:  # stopped within one decoding step of the cancel (gamma 4: at most 5 tokens a step)
+        assert len(r.tokens) - at_cancel[r] <= 5
+    assert statuses(served, 3, SHORT) == [200, 200, 200]
+
+
+def test_abandoned_stream_is_cancelled_too(served):
+    sock = served.abandon_later({**LONG, "stream": True})
+    assert sock.recv(100).startswith(b"HTTP/1.1 200")
+    wait_until(lambda: len(served.runs.active) == 1)
+    (r,) = served.runs.active
+    sock.close()
+    wait_until(lambda: not served.runs.active)
+    assert r.finish_reason == "cancelled"
+
+
+def test_stop_all_ends_running_and_waiting_requests_at_once(served):
+    results: list[tuple[int, dict]] = []
+    threads = [threading.Thread(target=lambda: results.append(served.post(LONG))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(served.runs.active) == 3)
+    served.runs.stop_all()  # what SIGINT/SIGTERM does in `mtad-edge serve`
+    for t in threads:
+        t.join(30)
+    assert [s for s, _ in results] == [503, 503, 503]
+    assert results[0][1]["error"]["message"] == "the server is shutting down"
+    assert served.post(SHORT)[0] == 503
+
+
+def test_max_tokens_is_capped_by_the_context():
+    s = Served(engine_over(SlowLM(salt=1, n_seq_max=5, n_ctx=64)))
+    try:
+        status, out = s.post({"prompt": "abc", "max_tokens": 1_000_000_000})
+        assert status == 200 and out["choices"][0]["finish_reason"] == "length"
+        assert out["usage"]["completion_tokens"] < 64 and out["mtad_stats"]["finish_reason"] == "context"
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    "extra,status,param",
+    [
+        ({"model": "gpt-4"}, 404, "model"),
+        ({"model": 5}, 400, "model"),
+        ({"stream": "yes"}, 400, "stream"),
+        ({"stream": 1}, 400, "stream"),
+        ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ({"tool_choice": "required"}, 400, "tool_choice"),
+        ({"presence_penalty": 0.5}, 400, "presence_penalty"),
+        ({"frequency_penalty": -1}, 400, "frequency_penalty"),
+        ({"logit_bias": {"50": 100}}, 400, "logit_bias"),
+        ({"no_such_field": 1}, 400, "no_such_field"),
+        ({"top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+        ({"logprobs": "yes"}, 400, "logprobs"),
+        ({"logprobs": True, "stream": True}, 400, "logprobs"),
+        ({"n": 2}, 400, "n"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages"),
+    ],
+)
+def test_the_server_refuses_what_it_does_not_do(served, extra, status, param):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    code, err = served.post(json.dumps(body).encode(), "/v1/chat/completions")
+    assert code == status and err["error"]["param"] == param, err
+    assert set(err["error"]) == {"message", "type", "param", "code"}
+    if status == 404:
+        assert err["error"]["code"] == "model_not_found"
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(served):
+    """What clients send by default (penalties 0, no tools, text format) changes nothing."""
+    body = {
+        "model": "fake",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logit_bias": {},
+        "response_format": {"type": "text"},
+        "tools": [],
+        "tool_choice": "none",
+        "n": 1,
+        "user": "someone",
+        "stream": False,
+        "logprobs": False,
+        "seed": None,
+    }
+    code, out = served.post(body, "/v1/chat/completions")
+    assert code == 200 and out["choices"][0]["message"]["content"], out
+    assert served.post({"prompt": "abc", "max_tokens": 2, "echo": False, "best_of": 1, "suffix": ""})[0] == 200
+
+
+def test_unknown_model_and_routes_are_openai_errors(served):
+    assert served.get("/v1/models/fake")[1]["id"] == "fake"
+    code, err = served.get("/v1/models/gpt-4")
+    assert code == 404 and err["error"]["code"] == "model_not_found"
+    code, err = served.get("/v1/nothing")
+    assert code == 404 and "error" in err
+
+
+def test_logprobs_are_the_targets_raw_distribution(served):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "seed": 3}
+    code, plain = served.post(body, "/v1/chat/completions")
+    code, out = served.post({**body, "logprobs": True, "top_logprobs": 3}, "/v1/chat/completions")
+    assert code == 200
+    choice = out["choices"][0]
+    assert choice["message"]["content"] == plain["choices"][0]["message"]["content"]  # asking changes nothing
+    content = choice["logprobs"]["content"]
+    assert len(content) == out["usage"]["completion_tokens"] == 12
+    assert "".join(c["token"] for c in content) == choice["message"]["content"]
+    for c in content:
+        tops = [t["logprob"] for t in c["top_logprobs"]]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and c["logprob"] <= tops[0] + 1e-12
+    code, text = served.post({"prompt": "abc", "max_tokens": 6, "seed": 1, "logprobs": 2})
+    lp = text["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == 6
+    assert lp["text_offset"] == list(range(6)) and all(len(t) <= 3 for t in lp["top_logprobs"])
+
+
+def test_logprobs_values_equal_the_fake_models_log_softmax():
+    t = FakeLM(salt=1, n_seq_max=5)
+    eng = engine_over(t, FakeLM(salt=2, n_seq_max=9))
+    r = eng.generate("abc", max_tokens=8, seed=2, logprobs=2)
+    r.text()
+    ctx = t.tokenize("abc")
+    for tok, e in zip(r.tokens, r.logprobs):
+        row = log_softmax(t.logits_for(ctx))
+        assert e.token == tok and e.logprob == pytest.approx(row[tok])
+        assert [a[0] for a in e.top] == list(np.argsort(-row, kind="stable")[:2])
+        ctx = ctx + [tok]
+    assert t.held(0) == t.tokenize("abc") + r.tokens[:-1]  # the cache is left as a run leaves it
