@@ -176,15 +176,19 @@ class Engine:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
         gamma, beam_width, accept_threshold, seed. ``logprobs=N``: once the answer is complete,
         ``Response.logprobs`` holds each token's log-probability under the target's raw
-        distribution and its N most likely alternatives (mtad_edge/logprobs.py). The cached prefix
-        of the last request is reused."""
+        distribution and its N most likely alternatives (mtad_edge/logprobs.py).
+
+        Without a seed the cached prefix of the last request is reused (a chat's next turn
+        prefills only what is new). With one, the caches are cleared first: llama.cpp's logits
+        depend on the batch shape the cached prefix was evaluated in, so only a prefill laid out
+        as in a fresh context gives exactly what a fresh engine gives for that seed."""
         if not isinstance(prompt, str):
             raise OptionError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
             raise OptionError(f"logprobs must be an integer >= 0, got {logprobs!r}", "logprobs")
-        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg)
+        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg, reuse=cfg.seed is None)
         return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
 
     def chat(

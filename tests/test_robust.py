@@ -200,6 +200,7 @@ def test_max_tokens_is_capped_by_the_context():
         ({"logprobs": True, "stream": True}, 400, "logprobs"),
         ({"n": 2}, 400, "n"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": "a\udcffb"}]}, 400, "messages"),
     ],
 )
 def test_the_server_refuses_what_it_does_not_do(served, extra, status, param):
@@ -273,3 +274,92 @@ def test_logprobs_values_equal_the_fake_models_log_softmax():
         assert [a[0] for a in e.top] == list(np.argsort(-row, kind="stable")[:2])
         ctx = ctx + [tok]
     assert t.held(0) == t.tokenize("abc") + r.tokens[:-1]  # the cache is left as a run leaves it
+
+
+# -- the Python API ---------------------------------------------------------------------------------
+def fake_engine(**defaults) -> Engine:
+    return engine_over(FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9), **defaults)
+
+
+def test_a_seeded_request_starts_from_a_fresh_cache_and_an_unseeded_one_reuses_it():
+    eng = fake_engine()
+    eng.generate("abcabc", max_tokens=4, seed=1).text()
+    seeded = eng.generate("abcabc", max_tokens=4, seed=1)
+    seeded.text()
+    unseeded = eng.generate("abcabc", max_tokens=4)
+    unseeded.text()
+    assert seeded.stats.cached_tokens == 0 and unseeded.stats.cached_tokens > 0
+    defaults = fake_engine(seed=0)  # an engine-wide seed makes every request seeded
+    defaults.generate("abcabc", max_tokens=4).text()
+    r = defaults.generate("abcabc", max_tokens=4)
+    r.text()
+    assert r.stats.cached_tokens == 0
+
+
+class ShapeLM(FakeLM):
+    """A FakeLM whose logits also depend on the size of the batch each cached token was evaluated
+    in, as llama.cpp's do (slightly): a prefix reused from another request's cache gives other
+    logits than a fresh prefill of the same prompt."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.shapes: dict[int, list[int]] = {}
+
+    def decode(self, batch):
+        self.calls += 1
+        rows = []
+        for tok, pos, seq_ids, want in zip(batch.tokens, batch.pos, batch.seq_ids, batch.logits):
+            for s in seq_ids:
+                self.seqs.setdefault(s, []).append(tok)
+                self.shapes.setdefault(s, []).append(len(batch))
+                assert len(self.seqs[s]) == pos + 1
+            if want:
+                rows.append(self.logits_for(self.seqs[seq_ids[0]] + [-n for n in self.shapes[seq_ids[0]]]))
+        return np.array(rows, dtype=np.float32).reshape(len(rows), self.n_vocab)
+
+    def copy_seq(self, src, dst, p0=-1, p1=-1):
+        super().copy_seq(src, dst, p0, p1)
+        s, d = self.shapes.get(src, []), self.shapes.setdefault(dst, [])
+        lo, hi = max(p0, 0), (len(s) if p1 < 0 else p1)
+        d[lo:hi] = s[lo:hi]
+
+    def rollback(self, seq, n_keep):
+        super().rollback(seq, n_keep)
+        del self.shapes.setdefault(seq, [])[n_keep:]
+
+    def clear(self):
+        super().clear()
+        self.shapes.clear()
+
+
+def shape_engine() -> Engine:
+    return engine_over(ShapeLM(salt=1, n_seq_max=5), ShapeLM(salt=2, n_seq_max=9))
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "mtad", "mmtad"])
+def test_a_seed_gives_what_a_fresh_engine_gives_whatever_ran_before(method):
+    """The probe: A twice, then B (sharing A's first tokens), then A again, all with seed 1."""
+    a, b = "abcabcab", "abcbbbbbba"
+    fresh = shape_engine().generate(a, max_tokens=24, seed=1, method=method).text()
+    eng = shape_engine()
+    got = [eng.generate(a, max_tokens=24, seed=1, method=method).text() for _ in range(2)]
+    eng.generate(b, max_tokens=24, seed=1, method=method).text()
+    eng.generate(b, max_tokens=24, method=method).text()  # unseeded: may reuse the cache
+    got.append(eng.generate(a, max_tokens=24, seed=1, method=method).text())
+    assert got == [fresh] * 3
+
+
+def test_on_such_a_backend_reusing_the_cache_would_change_the_answer():
+    """What the rule above prevents (the engine reused the cache for every request before)."""
+    from mtad_edge.runtime.config import DecodeConfig
+    from mtad_edge.runtime.decoding import Generation
+
+    t, a = ShapeLM(salt=1, n_seq_max=5), ShapeLM(salt=2, n_seq_max=9)
+    cfg = DecodeConfig("ar", 24, seed=1)
+
+    def run(prompt, reuse):
+        return [x for block in Generation(t, a, t.tokenize(prompt), cfg, reuse=reuse) for x in block]
+
+    fresh = run("abcabcab", False)
+    run("abcbbbbbba", True)
+    assert run("abcabcab", True) != fresh and run("abcabcab", False) == fresh

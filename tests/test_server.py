@@ -285,3 +285,15 @@ def test_abandoned_non_stream_requests_free_the_server(server):
     while (got := parallel_statuses(server, 3, {"prompt": "Hi", "max_tokens": 4})) != [200, 200, 200]:
         assert time.time() < deadline, got
         time.sleep(0.5)
+
+
+def test_a_seed_gives_the_same_answer_whatever_ran_before(client):
+    """The probe: the same seeded request twice, another request, then the first again."""
+    for prompt, seed in (("Name three fruits.", 1), ("Write a haiku about snow.", 2)):
+        kw = dict(model="smollm2-135m", max_tokens=16, seed=seed)
+        first = [client.completions.create(prompt=prompt, **kw).choices[0].text for _ in range(2)]
+        client.completions.create(model="smollm2-135m", prompt="Name three animals.", max_tokens=24)
+        ask(client, "Tell me about the sea.", max_tokens=24, extra_body={"method": "mmtad"})
+        again = client.completions.create(prompt=prompt, **kw)
+        assert first == [again.choices[0].text] * 2
+        assert again.model_extra["mtad_stats"]["cached_tokens"] == 0  # prefilled as in a fresh context
