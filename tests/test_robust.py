@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import FakeLM
 from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.sampling import log_softmax
 
 from mtad_edge.engine import Engine
@@ -199,8 +200,8 @@ def test_max_tokens_is_capped_by_the_context():
         ({"logprobs": "yes"}, 400, "logprobs"),
         ({"logprobs": True, "stream": True}, 400, "logprobs"),
         ({"n": 2}, 400, "n"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages"),
         ({"messages": [{"role": "user", "content": "a\udcffb"}]}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages"),
     ],
 )
 def test_the_server_refuses_what_it_does_not_do(served, extra, status, param):
@@ -363,3 +364,29 @@ def test_on_such_a_backend_reusing_the_cache_would_change_the_answer():
     fresh = run("abcabcab", False)
     run("abcbbbbbba", True)
     assert run("abcabcab", True) != fresh and run("abcabcab", False) == fresh
+
+
+@pytest.mark.parametrize("prompt", ["abc\udcff\udcfedef", "x\ud800"])
+def test_text_that_is_not_utf8_is_a_value_error_naming_the_parameter(prompt):
+    eng = fake_engine()
+    with pytest.raises(OptionError, match="not valid UTF-8") as e:
+        eng.generate(prompt)
+    assert e.value.param == "prompt" and isinstance(e.value, ValueError)
+    with pytest.raises(OptionError, match="not valid UTF-8") as e:
+        eng.chat([{"role": "user", "content": prompt}])
+    assert e.value.param == "messages"
+    with pytest.raises(OptionError, match="must be a string") as e:
+        eng.chat([{"role": "user", "content": 5}])
+
+
+def test_a_model_cache_that_cannot_be_written_is_one_error_naming_it(tmp_path, monkeypatch):
+    """(A read-only file system, through the console script: test_signals.py.)"""
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    import mtad_edge.pairs as pairs
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(blocked))
+    with pytest.raises(MtadEdgeError, match=f"cannot write the model cache {blocked / 'smollm2-135m'}: "):
+        pairs.prepare(pairs.load_manifest("smollm2-135m"))

@@ -1,5 +1,5 @@
 """Issue 13 through real processes: SIGINT and SIGTERM never crash `mtad-edge` or lose its output,
-and the server stops promptly."""
+the server stops promptly, and bad command-line input is an `Error:` line (the console script)."""
 
 from __future__ import annotations
 
@@ -161,3 +161,56 @@ def test_the_server_stops_promptly_on_a_signal_cancelling_what_runs(smol_files, 
     err = p.stderr.read()
     no_crash(p, err)
     assert p.returncode == code and results and all(r in (503, "RemoteDisconnected") for r in results), results
+
+
+# -- bad input through the console script -----------------------------------------------------------
+def run(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def one_line_error(r: subprocess.CompletedProcess, needle: str, code: int = 1) -> None:
+    assert r.returncode == code, r.stderr
+    assert "Traceback" not in r.stderr and f"Error: {needle}" in r.stderr, r.stderr
+    if code == 1:
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--temperature", "nan"], ["--temperature", "inf"], ["--top-p", "nan"], ["--accept-threshold", "nan"]],
+)
+def test_nan_and_inf_options_are_errors(args):
+    r = run("generate", "hi", *args)
+    one_line_error(r, f"Invalid value for '{args[0]}'", code=2)
+
+
+def test_empty_prompt_is_an_error_but_an_empty_chat_turn_is_answered(smol_files):
+    one_line_error(run("generate", "", "--max-tokens", "4"), "the prompt must contain at least one token")
+    r = run("generate", "--chat", "", "--max-tokens", "4", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"], r.stderr
+
+
+def test_invalid_utf8_in_the_prompt_is_an_error(smol_files):
+    r = subprocess.run([os.fsencode(EXE), b"generate", b"abc\xff\xfedef", b"--max-tokens", b"4"], capture_output=True)
+    r = subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(), r.stderr.decode("utf-8", "replace"))
+    one_line_error(r, "prompt is not valid UTF-8 text: b'\\xff\\xfe' at character 3")
+
+
+def test_a_read_only_model_cache_is_an_error_naming_it(tmp_path):
+    """A fresh cache on a read-only file system (a tmpfs mounted read-only in a private mount
+    namespace): deriving the pair must fail with what is wrong, not an OSError traceback."""
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    script = f'mount -t tmpfs -o ro none "{ro}" && exec "{EXE}" generate hi --max-tokens 2'
+    r = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MTAD_EDGE_HOME": str(ro / "cache")},
+    )
+    if "Error:" not in r.stderr and ("unshare:" in r.stderr or "mount:" in r.stderr):
+        pytest.skip(f"cannot mount a read-only file system here: {r.stderr.strip()}")
+    one_line_error(r, f"cannot write the model cache {ro / 'cache' / 'smollm2-135m'}: Read-only file system")
