@@ -25,9 +25,10 @@ from mtad_edge.logprobs import TokenLogprob, score
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
 from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.options import check
+from mtad_edge.runtime.options import AUTO_WIDTH_MAX, check
 from mtad_edge.textstream import StopText, TextStream
 
 
@@ -146,9 +147,9 @@ class Engine:
     def __init__(self, models: LoadedPair, defaults: DecodeConfig, capacity: Optional[tuple[int, int]] = None):
         self._models: Optional[LoadedPair] = models
         self._defaults = defaults
-        self._gamma_cap: int
-        self._width_cap: int
-        self._gamma_cap, self._width_cap = capacity or (defaults.gamma, defaults.beam_width)
+        self._gamma_cap, self._width_cap = capacity or _capacity(defaults)
+        self.calibrated = Model()  # the load-time calibration: what seeded requests plan with
+        self.learned = Model()  # what the adaptive controller learns about this pair, kept across requests
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # the thread iterating a response
 
@@ -167,8 +168,16 @@ class Engine:
             method_names = [m for m in methods.names() if pair.aux is not None or not methods.get(m).needs_aux]
         if defaults.method not in method_names:
             method_names = [*method_names, defaults.method]
-        gamma, width = capacity or (defaults.gamma, defaults.beam_width)
-        return cls(open_pair(pair, method_names, gamma, width, options), defaults, (gamma, width))
+        gamma, width = capacity or _capacity(defaults)
+        engine = cls(open_pair(pair, method_names, gamma, width, options), defaults, (gamma, width))
+        models = engine._require_open()
+        if defaults.adaptive and models.aux is not None:
+            from mtad_edge.calibrate import calibrated_model
+
+            tree = any(methods.get(m).tree for m in method_names)
+            engine.calibrated = calibrated_model(models, options, gamma, width, tree)
+            engine.learned = engine.calibrated.copy(frozen=False)
+        return engine
 
     @classmethod
     def load(
@@ -208,7 +217,9 @@ class Engine:
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
             raise OptionError(f"logprobs must be an integer >= 0, got {logprobs!r}", "logprobs")
-        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg, reuse=cfg.seed is None)
+        seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
+        model = self.calibrated if seeded else self.learned
+        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg, reuse=not seeded, model=model)
         return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
 
     def chat(
@@ -283,12 +294,21 @@ class Engine:
         cfg = self._defaults.with_options(options)
         if methods.get(cfg.method).needs_aux and self._require_open().aux is None:
             raise OptionError(f"method {cfg.method} needs an auxiliary model; this engine has only a target", "method")
-        if cfg.gamma > self._gamma_cap or cfg.beam_width > self._width_cap:
-            param = "gamma" if cfg.gamma > self._gamma_cap else "beam_width"
+        width = cfg.beam_width if isinstance(cfg.beam_width, int) else 0
+        if cfg.max_gamma > self._gamma_cap or width > self._width_cap:
+            param = (
+                ("gamma" if isinstance(cfg.gamma, int) else "gamma_max") if width <= self._width_cap else "beam_width"
+            )
             raise OptionError(
                 f"this engine was loaded for gamma <= {self._gamma_cap} and beam_width <= {self._width_cap}", param
             )
         return cfg
+
+
+def _capacity(cfg: DecodeConfig) -> tuple[int, int]:
+    """The longest draft and widest beam the contexts are sized for: the request defaults' own
+    (an 'auto' width: up to AUTO_WIDTH_MAX)."""
+    return cfg.max_gamma, cfg.beam_width if isinstance(cfg.beam_width, int) else AUTO_WIDTH_MAX
 
 
 class _Held:

@@ -14,14 +14,14 @@ import time
 
 import numpy as np
 import pytest
-from helpers import FakeLM
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.sampling import log_softmax
 
+from helpers import FakeLM
 from mtad_edge.engine import Engine
 from mtad_edge.loader import LoadedPair
 from mtad_edge.pairs import Pair
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.errors import OptionError
+from mtad_edge.runtime.sampling import log_softmax
 
 
 class SlowLM(FakeLM):
@@ -424,9 +424,8 @@ def test_max_tokens_inside_a_character_drops_the_incomplete_tail():
 
 def test_a_model_cache_that_cannot_be_written_is_one_error_naming_it(tmp_path, monkeypatch):
     """(A read-only file system, through the console script: test_signals.py.)"""
-    from mtad_edge.runtime.errors import MtadEdgeError
-
     import mtad_edge.pairs as pairs
+    from mtad_edge.runtime.errors import MtadEdgeError
 
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")

@@ -17,6 +17,7 @@ from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, m
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.llama_cpp_backend import default_threads
 from mtad_edge.runtime.methods import names as method_names
+from mtad_edge.runtime.options import AUTO_WIDTH_MAX
 
 
 def _methods(value: str) -> tuple[str, ...]:
@@ -92,8 +93,11 @@ def bench(
     threads = model.options.threads or default_threads()
     model = replace(model, options=replace(model.options, threads=threads))
     capacity = (
-        max([base.gamma] + [p["gamma"] for p in points]),  # room for every setting
-        max([base.beam_width] + [p["beam_width"] for p in points]),
+        max([base.max_gamma] + [p["gamma"] for p in points if isinstance(p["gamma"], int)]),  # room for all
+        max(
+            [AUTO_WIDTH_MAX if base.beam_width == "auto" else base.beam_width]
+            + [p["beam_width"] for p in points if isinstance(p["beam_width"], int)]
+        ),
     )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,13 +168,13 @@ def _native(bin_dir, paths, rendered, base, threads) -> dict:
     res = {"llama-bench tg target": native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads)}
     runs = [
         native.speculative_simple(
-            Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.gamma
+            Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.max_gamma
         )
         for text in rendered
     ]
     gen, sec = sum(r["generated"] for r in runs), sum(r["decode_s"] for r in runs)
     drafted, acc = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
-    res[f"speculative-simple temp 0, draft {base.gamma}"] = {
+    res[f"speculative-simple temp 0, draft {base.max_gamma}"] = {
         "tool": "llama-speculative-simple",
         "tokens_per_s": gen / sec if sec else None,
         "acceptance_rate": acc / drafted if drafted else None,
