@@ -61,7 +61,8 @@ class Served:
             self.port = s.getsockname()[1]
         self.app = create_app(engine, "fake", queue_size=queue_size)
         self.runs = self.app.state.runs
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None)  # logs reach caplog
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started)
@@ -146,6 +147,15 @@ def test_abandoned_non_stream_requests_are_cancelled_and_free_their_places(serve
     for r in held:  # stopped within one decoding step of the cancel (gamma 4: at most 5 tokens a step)
         assert len(r.tokens) - at_cancel[r] <= 5
     assert statuses(served, 3, SHORT) == [200, 200, 200]
+
+
+def test_a_client_gone_before_its_body_arrived_leaves_no_trace(served, caplog):
+    sock = socket.create_connection(("127.0.0.1", served.port))
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 999\r\n\r\n"
+    sock.sendall(head + b'{"prompt": "ab')
+    sock.close()
+    assert served.post(SHORT)[0] == 200 and not served.runs.active
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
 
 def test_abandoned_stream_is_cancelled_too(served):

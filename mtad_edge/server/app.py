@@ -20,6 +20,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response as HttpResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -149,6 +150,8 @@ def create_app(
             return _error(e)
         except (ValueError, MtadEdgeError) as e:
             return _error(P.BadRequest(str(e), getattr(e, "param", None)))
+        except ClientDisconnect:  # gone before its body arrived
+            return HttpResponse(status_code=499)
         refused = runs.admit(response)
         if refused is not None:
             return _error(refused)
