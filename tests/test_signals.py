@@ -46,7 +46,7 @@ def test_ctrl_c_just_after_the_answer_exits_130_and_keeps_it(smol_files):
     """The answer is printed, then the models are freed: a Ctrl-C anywhere in that window (the
     probe's 0-80 ms) must not crash the process (it segfaulted 7 times in 10) or cut the JSON."""
     codes = []
-    for delay_ms in (0, 5, 10, 20, 30, 40, 50, 60, 80, 0, 15):
+    for delay_ms in (0, 5, 10, 20, 40, 60, 80, 15):
         p = start("generate", "--json", "--max-tokens", "8", "--seed", "1", "--threads", "2", "hi")
         line = p.stdout.readline()
         time.sleep(delay_ms / 1000)
