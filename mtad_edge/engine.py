@@ -161,6 +161,7 @@ class Engine:
         defaults: DecodeConfig = DecodeConfig(),
         method_names: Optional[Sequence[str]] = None,
         capacity: Optional[tuple[int, int]] = None,
+        say: Callable[[str], None] = lambda s: None,
     ) -> Engine:
         """Load ``pair`` for ``method_names`` (default: every method it can run) with room for
         ``capacity`` = (gamma, beam width) at most (default: the defaults' own)."""
@@ -169,7 +170,7 @@ class Engine:
         if defaults.method not in method_names:
             method_names = [*method_names, defaults.method]
         gamma, width = capacity or _capacity(defaults)
-        engine = cls(open_pair(pair, method_names, gamma, width, options), defaults, (gamma, width))
+        engine = cls(open_pair(pair, method_names, gamma, width, options, say), defaults, (gamma, width))
         models = engine._require_open()
         if defaults.adaptive and models.aux is not None:
             from mtad_edge.calibrate import calibrated_model
@@ -198,7 +199,7 @@ class Engine:
         most a request may ask for."""
         options = ModelOptions(**{k: kwargs.pop(k) for k in _LOAD_FIELDS if k in kwargs})
         defaults = DecodeConfig().with_options(kwargs)
-        return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names)
+        return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names, say=say)
 
     def generate(
         self, prompt: str, *, stop: Sequence[str] = (), logprobs: Optional[int] = None, **options: Any
@@ -219,7 +220,8 @@ class Engine:
             raise OptionError(f"logprobs must be an integer >= 0, got {logprobs!r}", "logprobs")
         seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
         model = self.calibrated if seeded else self.learned
-        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg, reuse=not seeded, model=model)
+        ids = models.target.tokenize(prompt)
+        gen = Generation(models.target, models.aux, ids, cfg, reuse=not seeded, model=model, vocab=models.vocab)
         return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
 
     def chat(
