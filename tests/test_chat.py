@@ -32,7 +32,7 @@ def test_piped_chat_runs_commands_and_answers(smol_files):
 def engine(smol_files):
     from mtad_edge.engine import Engine
 
-    with Engine.load(pair="smollm2-135m", n_ctx=512, threads=2, max_tokens=24, seed=0) as eng:
+    with Engine.load(pair="smollm2-135m", n_ctx=512, threads=2, max_tokens=24) as eng:
         yield eng
 
 

@@ -216,3 +216,84 @@ def test_bad_requests_get_clear_4xx(server, body, status, needle):
 def test_missing_api_key_is_401(server):
     code, err = raw(server, "GET", "/v1/models", None, auth=False)
     assert code == 401 and err["error"]["type"] == "authentication_error"
+
+
+# -- issue 13: what the server does not do, it says; an abandoned request frees it ----------------
+def test_unknown_model_is_a_404_with_an_openai_error(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+
+
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(response_format={"type": "json_object"}), "response_format"),
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+        (dict(tool_choice="required"), "tool_choice"),
+        (dict(presence_penalty=0.5), "presence_penalty"),
+        (dict(frequency_penalty=0.5), "frequency_penalty"),
+        (dict(logit_bias={"50": 10}), "logit_bias"),
+        (dict(extra_body={"mirostat": 2}), "mirostat"),
+        (dict(extra_body={"temperature": "hot"}), "temperature"),
+    ],
+)
+def test_unsupported_fields_are_400s_naming_them(client, kw, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, "Hi", max_tokens=4, **kw)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_stream_must_be_a_boolean(server):
+    code, err = raw(server, "POST", "/v1/completions", {"prompt": "Hi", "stream": "yes"})
+    assert code == 400 and err["error"]["param"] == "stream"
+
+
+def test_logprobs_come_from_the_targets_distribution(client):
+    r = ask(client, "Name a color.", max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:  # greedy: each token is the target's most likely one
+        assert len(c.top_logprobs) == 3 and c.logprob <= 0
+        assert c.logprob >= c.top_logprobs[0].logprob - 1e-3
+    t = client.completions.create(model="smollm2-135m", prompt="The sky is", max_tokens=6, temperature=0, logprobs=2)
+    lp = t.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == t.usage.completion_tokens
+
+
+def test_abandoned_non_stream_requests_free_the_server(server):
+    """Clients that time out on long non-streaming answers (one asking for 10^9 tokens) used to keep
+    their generations running and their places taken: the next requests got 429 for minutes."""
+    impatient = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key=KEY, max_retries=0, timeout=1.5)
+    story = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+    errors = []
+
+    def abandon(max_tokens):
+        try:
+            impatient.completions.create(model="smollm2-135m", prompt=story, max_tokens=max_tokens, temperature=0)
+        except openai.APITimeoutError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=abandon, args=(n,)) for n in (300, 300, 1_000_000_000)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 3  # all three gave up
+    deadline = time.time() + 30  # each generation ends at its next step; allow a loaded machine
+    while (got := parallel_statuses(server, 3, {"prompt": "Hi", "max_tokens": 4})) != [200, 200, 200]:
+        assert time.time() < deadline, got
+        time.sleep(0.5)
+
+
+def test_a_seed_gives_the_same_answer_whatever_ran_before(client):
+    """The probe: the same seeded request twice, another request, then the first again."""
+    for prompt, seed in (("Name three fruits.", 1), ("Write a haiku about snow.", 2)):
+        kw = dict(model="smollm2-135m", max_tokens=16, seed=seed)
+        first = [client.completions.create(prompt=prompt, **kw).choices[0].text for _ in range(2)]
+        client.completions.create(model="smollm2-135m", prompt="Name three animals.", max_tokens=24)
+        ask(client, "Tell me about the sea.", max_tokens=24, extra_body={"method": "mmtad"})
+        again = client.completions.create(prompt=prompt, **kw)
+        assert first == [again.choices[0].text] * 2
+        assert again.model_extra["mtad_stats"]["cached_tokens"] == 0  # prefilled as in a fresh context

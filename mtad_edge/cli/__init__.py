@@ -44,4 +44,7 @@ _register()
 
 
 def main() -> None:
-    cli()
+    """Run the command line as the console script does (mtad_edge/console.py)."""
+    from mtad_edge.console import main as console_main
+
+    console_main()

@@ -6,6 +6,7 @@ Ctrl-C stops the current answer and keeps the chat; Ctrl-D (end of input) leaves
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -14,6 +15,7 @@ import click
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
 from mtad_edge.runtime.errors import ContextOverflowError
 from mtad_edge.runtime.methods import names as method_names
+from mtad_edge.signals import interrupts
 
 HELP = (
     "/reset clears the conversation, /stats shows the last answer's stats, /method NAME switches "
@@ -78,12 +80,14 @@ class ChatSession:
             return
         said = []
         try:
-            for piece in response:
-                said.append(piece)
-                self.out.write(piece)
-                self.out.flush()
-        except KeyboardInterrupt:
+            with interrupts.stopping(response.cancel):  # Ctrl-C (console script): ends at the next step
+                for piece in response:
+                    said.append(piece)
+                    self.out.write(piece)
+                    self.out.flush()
+        except KeyboardInterrupt:  # Python's own Ctrl-C, where the console script's is not installed
             response.close()
+        if response.finish_reason == "cancelled" or interrupts.received:
             self.out.write(" [stopped]")
         self.out.write("\n")
         self.out.flush()
@@ -102,7 +106,12 @@ class ChatSession:
 def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: Any) -> None:
     """Chat with the model in the terminal (the pair's chat template, streaming answers)."""
     cfg = decode_config(**decode)
+    interrupts.hold()  # a signal during the load ends the command once it is loaded
     engine = model.engine(cfg)
+    if interrupts.code:
+        engine.close()
+        return
+    interrupts.handled()  # from here Ctrl-C at the prompt raises KeyboardInterrupt, as usual
     method = cfg.method
     session = ChatSession(engine, method, system, drop_oldest)
     _info(f"mtad-edge chat ({model.label}, method {method}). {HELP}")
@@ -113,9 +122,12 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
             except EOFError:
                 click.echo()
                 break
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh line
                 click.echo()
-                continue
+                line = ""
+            if signal.SIGTERM in interrupts.received:
+                break
+            interrupts.handled()
             line = line.strip()
             if not line:
                 continue
@@ -124,5 +136,10 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
                     break
                 continue
             session.turn(line)
+            if signal.SIGTERM in interrupts.received:
+                break
+            interrupts.handled()
     finally:
+        interrupts.hold()  # the models are freed without interruption
         engine.close()
+    interrupts.hard_exit = True

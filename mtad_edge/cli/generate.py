@@ -10,6 +10,7 @@ import click
 
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
 from mtad_edge.runtime import methods
+from mtad_edge.signals import interrupts
 
 
 @click.command()
@@ -27,24 +28,32 @@ def generate(prompt: str, model: ModelChoice, chat: bool, system: Optional[str],
         raise click.UsageError("--system needs --chat")
     if (model.target is None) != (model.aux is None) and methods.get(cfg.method).needs_aux and not model.pair:
         raise click.UsageError("give both --target and --aux (or --method ar with --target alone)")
+    interrupts.hold()  # a signal never cuts the load, the output or the freeing of the models...
     with model.engine(cfg, [cfg.method]) as engine:
+        if interrupts.code:  # ... a signal during the load ends the command once it is loaded
+            sys.exit(interrupts.code)
         if chat:
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             response = engine.chat(msgs)
         else:
             response = engine.generate(prompt)
         try:
-            for piece in response:
-                if not as_json:
-                    sys.stdout.write(piece)
-                    sys.stdout.flush()
-        except KeyboardInterrupt:  # keep what was generated; report it, then exit 130
+            with interrupts.stopping(response.cancel):  # ... and one during the run stops it at the next step
+                for piece in response:
+                    if not as_json:
+                        sys.stdout.write(piece)
+                        sys.stdout.flush()
+        except KeyboardInterrupt:  # Python's own Ctrl-C, where the console script's handling is not installed
             response.interrupted()
+        if interrupts.code:
+            response.interrupted()  # what was generated is kept and reported
         if as_json:
             out = {"text": response.text_so_far(), "tokens": response.tokens, "stats": response.stats.to_dict()}
             click.echo(json.dumps(out))
         else:
             sys.stdout.write("\n")
             click.echo(response.stats.summary(), err=True)
+        sys.stdout.flush()
+    interrupts.hard_exit = True  # output written, models freed: see signals.Interrupts.finish
     if response.finish_reason == "interrupted":
-        sys.exit(130)
+        sys.exit(interrupts.code or 130)

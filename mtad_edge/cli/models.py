@@ -62,10 +62,12 @@ def _status(m: Manifest) -> str:
 @click.option("--all", "all_", is_flag=True, help="Prepare every named pair.")
 @errors_as_click
 def prepare_(names, all_):
-    """Derive the files of NAMES (default: the default pair) into the cache. Idempotent."""
+    """Derive the files of NAMES (default: the default pair) into the cache. Idempotent; every
+    file's sha256 is checked, and a file whose content changed is derived again (the other
+    commands check only its size and modification time)."""
     for name in builtin_names() if all_ else (names or [DEFAULT_PAIR]):
-        p = prepare(load_manifest(name), _say)
-        click.echo(f"{name}: ready")
+        p = prepare(load_manifest(name), _say, verify=True)
+        click.echo(f"{name}: ready (sha256 verified)")
         click.echo(f"  target: {p.target}\n  aux: {p.aux}")
 
 

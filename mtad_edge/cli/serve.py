@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import FrameType
 from typing import Any, Optional
 
 import click
 
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
+from mtad_edge.signals import interrupts
 
 
 @click.command()
@@ -49,11 +51,26 @@ def serve(
     from mtad_edge.server.app import create_app
 
     cfg = decode_config(**decode)
+    interrupts.hold()  # a signal during the load ends the command once it is loaded
     engine = model.engine(cfg)
-    model_name = model_name or model.label
-    app = create_app(engine, model_name, api_key=api_key, queue_size=queue_size, max_body=max_body)
-    click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method})", err=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        if interrupts.code:
+            return
+        model_name = model_name or model.label
+        app = create_app(engine, model_name, api_key=api_key, queue_size=queue_size, max_body=max_body)
+        runs = app.state.runs
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
+                """SIGINT/SIGTERM: cancel every generation first (each ends at its next step),
+                so uvicorn's graceful shutdown has only short requests left to wait for."""
+                runs.stop_all()
+                super().handle_exit(sig, frame)
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)
+        click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method})", err=True)
+        Server(config).run()  # uvicorn handles the signals while it runs, then hands them on to ours
+        runs.close()
     finally:
         engine.close()
+    interrupts.hard_exit = True  # models freed: see signals.Interrupts.finish

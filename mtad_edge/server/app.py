@@ -1,131 +1,251 @@
 """An OpenAI-compatible HTTP server over one Engine (FastAPI + uvicorn).
 
 Requests run one at a time (the engine's lock); up to ``queue_size`` more wait, the rest get a
-429. A streaming client that disconnects cancels its generation at the next block.
+429. Whatever ends a request early stops its generation at the next decoding step, and a waiting
+one leaves the queue at once: a client that goes away (streaming or not), or the server stopping
+(``app.state.runs.stop_all()``, called by `mtad-edge serve` on SIGINT/SIGTERM).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
-import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response as HttpResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mtad_edge.engine import Engine, Response
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server import protocol as P
 
 
-def create_app(
-    engine: Engine, model_name: str, api_key: str | None = None, queue_size: int = 8, max_body: int = 1 << 20
-) -> FastAPI:
-    app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None)
-    pool = ThreadPoolExecutor(max_workers=queue_size + 1, thread_name_prefix="mtad-gen")
-    slots = threading.BoundedSemaphore(queue_size + 1)  # one running + queue_size waiting
+class Runs:
+    """The generations the server holds: one running and up to ``queue_size`` waiting, each in a
+    worker thread. ``stop_all`` may be called from a signal handler: it only sets flags and
+    events (set.add/discard and list(set) are atomic under the GIL, so no lock is needed)."""
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key is not None:
-            auth = request.headers.get("authorization", "")
-            if not hmac.compare_digest(auth.encode(), f"Bearer {api_key}".encode()):
-                return _error(P.BadRequest("invalid or missing API key", status=401, kind="authentication_error"))
-        if int(request.headers.get("content-length") or 0) > max_body:
-            return _error(P.BadRequest(f"request body over {max_body} bytes", status=413))
-        return await call_next(request)
+    def __init__(self, queue_size: int):
+        self.capacity = queue_size + 1
+        self.active: set[Response] = set()
+        self.closing = False
+        self.pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="mtad-gen")
+
+    def admit(self, response: Response) -> Optional[P.BadRequest]:
+        """Take a place for ``response``, or the error to answer instead."""
+        if self.closing:
+            return P.BadRequest("the server is shutting down", status=503, kind="server_error")
+        if len(self.active) >= self.capacity:
+            return P.BadRequest(
+                f"server busy: {self.capacity - 1} requests already waiting; retry later",
+                status=429,
+                kind="rate_limit_error",
+            )
+        self.active.add(response)
+        return None
+
+    def run(self, response: Response, work: Callable[[], Any]) -> Any:
+        """``work`` (iterating ``response``) in this worker thread; the place is freed after it."""
+        try:
+            return work()
+        finally:
+            self.active.discard(response)
+
+    def stop_all(self) -> None:
+        """Refuse new requests and cancel every generation (each ends at its next step)."""
+        self.closing = True
+        for r in list(self.active):
+            r.cancel()
+
+    def close(self) -> None:
+        self.stop_all()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Guard:
+    """API key and body size, checked before a route runs. A plain ASGI middleware (not
+    BaseHTTPMiddleware), so routes see the connection's own ``receive`` and notice a client
+    that disconnects."""
+
+    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body: int):
+        self.app, self.api_key, self.max_body = app, api_key, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            error = None
+            auth = headers.get(b"authorization", b"")
+            if self.api_key is not None and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
+                error = P.BadRequest("invalid or missing API key", status=401, kind="authentication_error")
+            elif int(headers.get(b"content-length", b"0") or 0) > self.max_body:
+                error = P.BadRequest(f"request body over {self.max_body} bytes", status=413)
+            if error is not None:
+                await _error(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class GenerationStream(StreamingResponse):
+    """SSE events of one generation. However the response ends (finished, the client gone, the
+    server stopping, even before its first byte), the generation is cancelled."""
+
+    def __init__(self, events: AsyncIterator[str], response: Response):
+        super().__init__(events, media_type="text/event-stream")
+        self.generation = response
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.cancel()
+
+
+def create_app(
+    engine: Engine, model_name: str, api_key: Optional[str] = None, queue_size: int = 8, max_body: int = 1 << 20
+) -> FastAPI:
+    app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None, openapi_url=None)
+    runs = Runs(queue_size)
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404 / 405 as OpenAI errors
+        return _error(P.BadRequest(str(exc.detail), status=exc.status_code))
+
+    model_card = {"id": model_name, "object": "model", "created": 0, "owned_by": "mtad-edge"}
 
     @app.get("/v1/models")
-    async def models():
-        return {
-            "object": "list",
-            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mtad-edge"}],
-        }
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> Any:
+        return model_card if model == model_name else _error(P.model_not_found(model))
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def completions(request: Request) -> Any:
         return await _serve(request, "text")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
+    async def chat_completions(request: Request) -> Any:
         return await _serve(request, "chat")
 
-    async def _serve(request: Request, kind: str):
+    async def _serve(request: Request, kind: str) -> Any:
         try:
-            body = await _json_body(request, max_body)
-            opts, stop = P.generation_options(body), P.stop_strings(body)
-            if kind == "chat":
-                response = engine.chat(P.chat_messages(body), stop=stop, **opts)
+            req = P.parse(await _json_body(request, max_body), kind, model_name)
+            extra = dict(stop=req.stop, logprobs=req.logprobs, **req.options)
+            if req.messages is not None:
+                response = engine.chat(req.messages, **extra)
             else:
-                response = engine.generate(P.completion_prompt(body), stop=stop, **opts)
-            n_prompt = response.prompt_tokens
+                response = engine.generate(req.prompt or "", **extra)
         except P.BadRequest as e:
             return _error(e)
         except (ValueError, MtadEdgeError) as e:
             return _error(P.BadRequest(str(e), getattr(e, "param", None)))
-        if not slots.acquire(blocking=False):
-            return _error(
-                P.BadRequest(
-                    f"server busy: {queue_size} requests already waiting; retry later",
-                    status=429,
-                    kind="rate_limit_error",
-                )
-            )
+        except ClientDisconnect:  # gone before its body arrived
+            return HttpResponse(status_code=499)
+        refused = runs.admit(response)
+        if refused is not None:
+            return _error(refused)
         rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
-        if body.get("stream"):
-            return StreamingResponse(_stream(response, kind, rid, n_prompt), media_type="text/event-stream")
-        try:
-            text = await asyncio.get_running_loop().run_in_executor(pool, response.text)
-        except MtadEdgeError as e:
-            return _error(P.BadRequest(str(e)))
-        finally:
-            slots.release()
-        stats = response.stats.to_dict() if response.stats else {}
-        return P.full(
-            kind, rid, model_name, text, P.finish_reason(response.finish_reason), n_prompt, len(response.tokens), stats
-        )
+        if req.stream:
+            return GenerationStream(_stream(response, kind, rid), response)
+        return await _complete(request, response, kind, rid)
 
-    async def _stream(response: Response, kind: str, rid: str, n_prompt: int) -> AsyncIterator[str]:
+    def _stream(response: Response, kind: str, rid: str) -> AsyncIterator[str]:
+        """Start the generation now (its place is freed when the worker ends, even if the
+        events are never sent) and return its SSE events."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        created = int(time.time())
 
-        def produce():
+        def put(item: tuple[str, Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server has gone
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def produce() -> None:
             try:
                 for piece in response:
-                    loop.call_soon_threadsafe(queue.put_nowait, ("text", piece))
-                loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
+                    put(("text", piece))
+                put(("end", None))
             except Exception as e:  # reported to the client as a final error event
-                loop.call_soon_threadsafe(queue.put_nowait, ("error", str(e)))
-            finally:
-                slots.release()
+                put(("error", str(e)))
 
-        pool.submit(produce)
+        runs.pool.submit(runs.run, response, produce)
+        return _events(queue, response, kind, rid)
+
+    async def _complete(request: Request, response: Response, kind: str, rid: str) -> Any:
+        """Run to the end, unless the client goes away first: then cancel (the worker stops at
+        the next step, or leaves the queue) and answer no one."""
+        work = asyncio.get_running_loop().run_in_executor(runs.pool, runs.run, response, response.text)
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            if kind == "chat":
-                yield _sse(P.chunk(kind, rid, model_name, created, None, None, role=True))
-            while True:
-                what, value = await queue.get()
-                if what == "text":
-                    yield _sse(P.chunk(kind, rid, model_name, created, value, None))
-                elif what == "error":
-                    yield _sse(P.BadRequest(value, kind="server_error").body())
-                    break
-                else:
-                    last = P.chunk(kind, rid, model_name, created, None, P.finish_reason(response.finish_reason))
-                    last["usage"] = P.usage(n_prompt, len(response.tokens))
-                    yield _sse(last)
-                    break
-            yield "data: [DONE]\n\n"
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            response.cancel()  # a client that went away stops the generation at the next block
+            if not work.done():
+                response.cancel()  # the client left, or this task was cancelled (shutdown)
+            left = gone.done()
+            gone.cancel()
+        try:
+            text = await work
+        except MtadEdgeError as e:
+            return _error(P.BadRequest(str(e), status=500, kind="server_error"))
+        if left:
+            return HttpResponse(status_code=499)  # nobody reads it
+        if response.finish_reason == "cancelled":
+            return _error(P.BadRequest("the server is shutting down", status=503, kind="server_error"))
+        logprobs = P.logprobs_object(kind, response.logprobs, text) if response.logprobs is not None else None
+        return P.full(
+            kind,
+            rid,
+            model_name,
+            text,
+            P.finish_reason(response.finish_reason),
+            response.prompt_tokens,
+            len(response.tokens),
+            response.stats.to_dict(),
+            logprobs,
+        )
 
-    app.state.pool = pool
+    async def _events(queue: asyncio.Queue, response: Response, kind: str, rid: str) -> AsyncIterator[str]:
+        created = int(time.time())
+        if kind == "chat":
+            yield _sse(P.chunk(kind, rid, model_name, created, None, None, role=True))
+        while True:
+            what, value = await queue.get()
+            if what == "text":
+                yield _sse(P.chunk(kind, rid, model_name, created, value, None))
+                continue
+            if what == "error":
+                yield _sse(P.BadRequest(value, kind="server_error").body())
+            elif response.finish_reason == "cancelled":  # the server is stopping
+                yield _sse(P.BadRequest("the server is shutting down", kind="server_error").body())
+            else:
+                last = P.chunk(kind, rid, model_name, created, None, P.finish_reason(response.finish_reason))
+                last["usage"] = P.usage(response.prompt_tokens, len(response.tokens))
+                yield _sse(last)
+            break
+        yield "data: [DONE]\n\n"
+
+    app.state.runs = runs
     return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (uvicorn answers ``receive`` with http.disconnect
+    once the body has been read and the connection is gone)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # the connection broke in some other way: gone too
+        pass
 
 
 async def _json_body(request: Request, max_body: int) -> dict:

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Optional
+
+from mtad_edge.logprobs import TokenLogprob
 
 
 class BadRequest(Exception):
-    """A 400 with an OpenAI-style error body."""
+    """A 4xx with an OpenAI-style error body."""
 
     def __init__(
-        self, message: str, param: Optional[str] = None, status: int = 400, kind: str = "invalid_request_error"
+        self,
+        message: str,
+        param: Optional[str] = None,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+        code: Optional[str] = None,
     ):
         super().__init__(message)
-        self.message, self.param, self.status, self.kind = message, param, status, kind
+        self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 # Request field (OpenAI's name, or one of our extra fields) -> the option it sets. Values are
@@ -36,22 +45,122 @@ REQUEST_FIELDS = {
     "beam_width": "beam_width",
     "accept_threshold": "accept_threshold",
 }
+# Fields read below, by kind of request.
+HANDLED = {
+    "chat": {"model", "messages", "stream", "stream_options", "n", "stop", "logprobs", "top_logprobs"},
+    "text": {"model", "prompt", "stream", "stream_options", "n", "stop", "logprobs"},
+}
+# OpenAI fields that do not change the answer (bookkeeping for the caller): accepted, unused.
+IGNORED = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
+# OpenAI features this server does not implement, with the values that mean "not used" (what
+# clients send by default); any other value is a 400 naming the field, as OpenAI answers for a
+# parameter a model does not support. An unknown field is a 400 too (OpenAI's "Unrecognized
+# request argument"), so nothing a client asks for is silently ignored.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "logit_bias": ({},),
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+    "parallel_tool_calls": (True, False),
+    "modalities": (["text"],),
+    "best_of": (1,),
+    "echo": (False,),
+    "suffix": ("",),
+}
+TOP_LOGPROBS_MAX = {"chat": 20, "text": 5}  # OpenAI's bounds
 
 
-def generation_options(body: dict[str, Any]) -> dict[str, Any]:
-    """The sampling/MTAD options of a request (OpenAI names plus our extra fields)."""
-    opts: dict[str, Any] = {}
-    for key, name in REQUEST_FIELDS.items():
-        if body.get(key) is not None and name not in opts:
-            opts[name] = body[key]
-    if body.get("n", 1) != 1:
+@dataclass
+class Parsed:
+    """A checked request: what to generate and how to answer."""
+
+    options: dict[str, Any]
+    stop: Any
+    stream: bool
+    logprobs: Optional[int]  # None: not asked for; else how many alternatives per token
+    prompt: Optional[str] = None  # text completions
+    messages: Optional[list[dict[str, str]]] = None  # chat
+
+
+def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
+    """Check every field of a /v1/chat/completions ("chat") or /v1/completions ("text") body;
+    BadRequest on the first problem. JSON null means "not given", as for OpenAI."""
+    for key, value in body.items():
+        if value is None or key in HANDLED[kind] or key in REQUEST_FIELDS or key in IGNORED:
+            continue
+        if key in NEUTRAL:
+            if any(_same(value, v) for v in NEUTRAL[key]):
+                continue
+            raise BadRequest(
+                f"Unsupported parameter: '{key}' is not supported by this server"
+                f" (accepted only as {' or '.join(json.dumps(v) for v in NEUTRAL[key])})",
+                key,
+                code="unsupported_parameter",
+            )
+        raise BadRequest(f"Unrecognized request argument supplied: {key}", key)
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise BadRequest("'model' must be a string", "model")
+        if model != model_name:
+            raise model_not_found(model)
+    stream = _typed(body, "stream", bool, False)
+    if not isinstance(body.get("stream_options") or {}, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    n = body.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n != 1):
         raise BadRequest("only n=1 is supported", "n")
-    return opts
+    logprobs = _logprobs(body, kind)
+    if logprobs is not None and stream:
+        raise BadRequest("logprobs are only returned without streaming: leave out 'stream' or 'logprobs'", "logprobs")
+    opts = {name: body[key] for key, name in REQUEST_FIELDS.items() if body.get(key) is not None}
+    parsed = Parsed(opts, body.get("stop") or (), stream, logprobs)
+    if kind == "chat":
+        parsed.messages = chat_messages(body)
+    else:
+        parsed.prompt = completion_prompt(body)
+    return parsed
 
 
-def stop_strings(body: dict[str, Any]) -> Any:
-    """The stop strings as given (the engine checks them: a string or up to 4 strings)."""
-    return body.get("stop") or ()
+def model_not_found(model: str) -> BadRequest:
+    return BadRequest(
+        f"The model '{model}' does not exist", "model", status=404, kind="invalid_request_error", code="model_not_found"
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and not isinstance(a, bool) and a == b == 0)
+
+
+def _typed(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BadRequest(f"'{key}' must be a {'boolean' if kind is bool else kind.__name__}, got {value!r}", key)
+    return value
+
+
+def _logprobs(body: dict[str, Any], kind: str) -> Optional[int]:
+    """How many alternatives per token the request wants, or None. Chat: ``logprobs`` (bool) and
+    ``top_logprobs`` (0..20); completions: ``logprobs`` (0..5) is both."""
+    top_max = TOP_LOGPROBS_MAX[kind]
+    if kind == "chat":
+        wanted = _typed(body, "logprobs", bool, False)
+        top = _typed(body, "top_logprobs", int, None)
+        if top is not None and not wanted:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        key = "top_logprobs"
+    else:
+        top = _typed(body, "logprobs", int, None)
+        wanted, key = top is not None, "logprobs"
+    if top is not None and not 0 <= top <= top_max:
+        raise BadRequest(f"'{key}' must be an integer in 0..{top_max}, got {top}", key)
+    return (top or 0) if wanted else None
 
 
 def chat_messages(body: dict) -> list[dict[str, str]]:
@@ -64,7 +173,9 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
             raise BadRequest("each message needs a role of system, user or assistant", "messages")
         content = m.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}] parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise BadRequest("only text content parts are supported", "messages")
+            content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise BadRequest("message content must be a string", "messages")
         out.append({"role": m["role"], "content": content})
@@ -110,18 +221,28 @@ def chunk(
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
-def full(kind: str, rid: str, model: str, text: str, reason: str, prompt_tokens: int, tokens: int, stats: dict) -> dict:
+def full(
+    kind: str,
+    rid: str,
+    model: str,
+    text: str,
+    reason: str,
+    prompt_tokens: int,
+    tokens: int,
+    stats: dict,
+    logprobs: Optional[dict] = None,
+) -> dict:
     created = int(time.time())
     if kind == "chat":
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "finish_reason": reason,
-            "logprobs": None,
+            "logprobs": logprobs,
         }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
         obj = "text_completion"
     return {
         "id": rid,
@@ -132,3 +253,38 @@ def full(kind: str, rid: str, model: str, text: str, reason: str, prompt_tokens:
         "usage": usage(prompt_tokens, tokens),
         "mtad_stats": stats,
     }
+
+
+def logprobs_object(kind: str, entries: list[TokenLogprob], text: str) -> dict:
+    """OpenAI's logprobs for the tokens of ``text`` (a stop string may have cut the text inside
+    the last tokens: only tokens that begin inside it are listed)."""
+    size = len(text.encode("utf-8"))
+    kept, offset, offsets = [], 0, []
+    for e in entries:
+        if offset >= size:
+            break
+        kept.append(e)
+        offsets.append(offset)
+        offset += len(e.text)
+    if kind == "chat":
+        return {
+            "content": [
+                {**_token(e.text, e.logprob), "top_logprobs": [_token(b, lp) for _, b, lp in e.top]} for e in kept
+            ],
+            "refusal": None,
+        }
+    raw = b"".join(e.text for e in kept)
+    return {
+        "tokens": [_text(e.text) for e in kept],
+        "token_logprobs": [e.logprob for e in kept],
+        "top_logprobs": [{**{_text(b): lp for _, b, lp in e.top}, _text(e.text): e.logprob} for e in kept],
+        "text_offset": [len(raw[:o].decode("utf-8", "ignore")) for o in offsets],
+    }
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+def _token(b: bytes, logprob: float) -> dict:
+    return {"token": _text(b), "logprob": logprob, "bytes": list(b)}
