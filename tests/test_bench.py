@@ -129,7 +129,7 @@ def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):
     assert r.exit_code == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("methods", ["beam", "ar,nope", ","])
+@pytest.mark.parametrize("methods", ["beams", "ar,nope", ","])
 def test_bad_methods_are_usage_errors(methods):
     r = CliRunner().invoke(cli, ["bench", "--methods", methods])
     assert r.exit_code == 2 and "--methods" in r.output

@@ -47,11 +47,12 @@ class Method:
 
 def _registry() -> dict[str, Method]:
     from .ar import AR
+    from .beam import Beam
     from .mmtad import MMTAD
     from .mtad import MTAD
     from .sd import SD
 
-    return {m.name: m for m in (AR(), SD(), MTAD(), MMTAD())}
+    return {m.name: m for m in (AR(), SD(), MTAD(), MMTAD(), Beam())}
 
 
 _METHODS: dict[str, Method] = {}
