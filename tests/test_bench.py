@@ -195,3 +195,65 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
     spec = native["speculative-simple temp 0, draft 4"]
     assert spec["tokens_per_s"] == pytest.approx(80.0) and spec["acceptance_rate"] == pytest.approx(0.75)
     assert "Native llama.cpp" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_files):
+    """--gammas, --ar-temperatures and --variant expand into labelled variants on the same prompts
+    and seeds; every variant gets pooled quality figures and a place against the ar curve."""
+    from mtad_edge.bench.quality import run_counts
+
+    out = tmp_path / "out"
+    args = ["bench", "--prompts", str(_prompts(tmp_path)), "--max-tokens", "12", "--out", str(out)]
+    args += ["--methods", "ar,mtad,beam", "--gammas", "2,3", "--ar-temperatures", "1,0.5"]
+    args += ["--variant", "mmtad w=2 thr=0.3"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert "'ar T=1' is the same request as 'ar'" in r.stderr
+    res = json.loads((out / "results.json").read_text())
+    labels = ["ar", "mtad g=2", "mtad g=3", "beam g=2", "beam g=3", "ar T=0.5", "mmtad w=2 thr=0.3"]
+    assert list(res["methods"]) == labels and [v["label"] for v in res["variants"]] == labels
+    assert res["variants"][6] == {
+        "label": labels[6],
+        "method": "mmtad",
+        "options": {"beam_width": 2, "accept_threshold": 0.3},
+    }
+    runs = res["runs"]
+    assert len(runs) == 2 * len(labels)
+    for run in runs:
+        assert run["generated"] == len(run["tokens"]) and run_counts(run["tokens"]).items() <= run.items()
+    for label, agg in res["methods"].items():
+        mine = [x for x in runs if x["label"] == label]
+        assert {x["seed"] for x in mine} == {x["seed"] for x in runs}  # the same seeds for every variant
+        assert agg["method"] == mine[0]["method"] and agg["temperature"] == (0.5 if label == "ar T=0.5" else 1.0)
+        ngrams = sum(x["ngrams_2"] for x in mine)
+        assert agg["distinct_2"] == pytest.approx(sum(x["unique_2"] for x in mine) / ngrams)
+        assert agg["mean_length"] == pytest.approx(sum(x["generated"] for x in mine) / 2)
+        assert 0 <= agg["rep_4"] <= 1 and 0 < agg["distinct_1"] <= 1 and "se" in agg
+    for x in runs:
+        if x["method"] == "beam":
+            gamma = int(x["label"][-1])
+            assert x["target_calls"] == gamma * -(-x["generated"] // gamma) or x["finish_reason"] == "stop"
+            assert x["drafted"] == 0 and x["accept_lengths"] == []
+    front = res["frontier"]
+    assert [p["label"] for p in front["curve"]] == sorted(["ar", "ar T=0.5"], key=lambda k: res["methods"][k]["ppl"])
+    assert set(front["variants"]) == set(labels) - {"ar", "ar T=0.5"}
+    for p in front["variants"].values():
+        assert p["verdict"] in ("beyond", "behind", "mixed", "outside")
+    md = (out / "report.md").read_text()
+    assert "| beam g=3 |" in md and "distinct-2" in md and "ar T at same PPL" in md
+    for png in ("bench.png", "quality.png", "gammas.png"):
+        assert (out / png).read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (["--gammas", "2,0"], "--gammas"),
+        (["--ar-temperatures", "1,hot"], "--ar-temperatures"),
+        (["--variant", "mtad zz=1"], "--variant"),
+    ],
+)
+def test_bad_variant_options_are_usage_errors(args, hint):
+    r = CliRunner().invoke(cli, ["bench", *args])
+    assert r.exit_code == 2 and hint in r.output
