@@ -34,17 +34,24 @@ class BenchConfig:
         return cls(variants=tuple(Variant(m, m) for m in methods), **kw)
 
 
+# Packaged prompt sets, by name: the default mix (chat, code, explanation, story) and the open-ended
+# set the quality frontier is measured on (8 prompts where diversity and repetition show).
+PROMPT_SETS = {"default": "prompts.jsonl", "quality": "quality.jsonl"}
+
+
 def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
-    """JSONL: one object per line with ``prompt`` (raw text) or ``messages`` (chat); optional ``id``."""
-    if path is None:
-        text = resources.files("mtad_edge.data").joinpath("prompts.jsonl").read_text()
-        where = "built-in prompts"
+    """JSONL: one object per line with ``prompt`` (raw text) or ``messages`` (chat); optional ``id``.
+    ``path`` may also name a packaged set (``default``, ``quality``); None is ``default``."""
+    name = "default" if path is None else str(path)
+    if name in PROMPT_SETS and not Path(name).exists():
+        text = resources.files("mtad_edge.data").joinpath(PROMPT_SETS[name]).read_text()
+        where = f"built-in prompts {name!r}"
     else:
         try:
-            text = Path(path).read_text()
+            text = Path(name).read_text()
         except OSError as e:
-            raise MtadEdgeError(f"cannot read prompts file {path}: {e.strerror}") from None
-        where = str(path)
+            raise MtadEdgeError(f"cannot read prompts file {name}: {e.strerror}") from None
+        where = name
     items: list[dict[str, Any]] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():

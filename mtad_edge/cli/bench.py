@@ -87,7 +87,8 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     "--prompts",
     "prompts_file",
     type=click.Path(dir_okay=False),
-    help="JSONL with 'prompt' or 'messages' per line (default: a built-in set).",
+    help="JSONL with 'prompt' or 'messages' per line, or a built-in set: 'default' (chat, code, explanation, "
+    "story) or 'quality' (8 open-ended prompts, for the quality frontier).",
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
@@ -181,7 +182,7 @@ def bench(
             "accept_threshold": base.accept_threshold,
             "seed": base.seed,
             "threads": threads,
-            "prompts_file": prompts_file or "built-in",
+            "prompts_file": prompts_file or "default",
         },
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_threads_used": threads},
         "variants": [_variant_json(v) for v in variants],
