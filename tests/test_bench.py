@@ -257,3 +257,33 @@ def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_file
 def test_bad_variant_options_are_usage_errors(args, hint):
     r = CliRunner().invoke(cli, ["bench", *args])
     assert r.exit_code == 2 and hint in r.output
+
+
+def test_report_and_quality_plot_from_aggregates(tmp_path):
+    """report.md's quality and frontier tables and quality.png, from hand-made aggregates."""
+    from mtad_edge.bench.quality import frontier
+    from mtad_edge.bench.report import plot_quality, report_markdown
+
+    def agg(method, t, ppl, d2, r4, **extra):
+        speed = {"tokens_per_s": 50.0, "tokens_per_s_min": 49.0, "tokens_per_s_max": 51.0, "ttft_s": 0.01}
+        rates = {"block_efficiency": 1.0, "acceptance_rate": None, "cpu_s_per_token": 0.02, "j_per_token": None}
+        figures = {"distinct_1": 0.5, "distinct_2": d2, "distinct_3": 0.9, "rep_4": r4, "mean_length": 90.0}
+        se = {"se": {"ppl": 0.05, "distinct_2": 0.01, "rep_4": 0.01}}
+        return {"method": method, "temperature": t, "ppl": ppl, "peak_rss_mb": 300, **speed, **rates, **figures,
+                **se, "accept_length_hist": {}, **extra}  # fmt: skip
+
+    methods = {
+        "ar": agg("ar", 1.0, 3.0, 0.85, 0.05),
+        "ar T=0.6": agg("ar", 0.6, 2.0, 0.75, 0.13),
+        "mtad": agg("mtad", 1.0, 2.2, 0.70, 0.16, gamma_hist={"2": 3, "4": 5}, predicted_tokens_per_s=60.0),
+        "beam T=0": agg("beam", 0.0, 1.5, 0.5, 0.3),
+    }
+    cfg = {"prompts": 8, "repeats": 3, "max_tokens": 96, "temperature": 1.0, "top_k": 10, "top_p": 0.9, "gamma": 4}
+    cfg |= {"beam_width": 4, "accept_threshold": 0.5, "threads": 2}
+    results = {"pair": {"name": "fake"}, "config": cfg, "methods": methods, "frontier": frontier(methods)}
+    md = report_markdown(results)
+    assert "| mtad | 1 | 2.20 ± 0.05 | 0.500 | 0.700 ± 0.010 | 0.900 | 0.160 ± 0.010 | 90.0 |" in md
+    assert "| mtad | 2.20 | 0.68 | 0.700 (0.770, -0.070*) | 0.160 (0.114, +0.046*) | behind |" in md
+    assert "| beam T=0 | 1.50 | < 0.6 (lowest PPL) |" in md and "| 2: 3, 4: 5 |" in md
+    png = plot_quality(tmp_path, results)
+    assert png is not None and png.read_bytes().startswith(PNG_MAGIC)
