@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from mtad_edge.runtime.errors import MtadEdgeError
-
 from mtad_edge.pairs import quantize, sha256_file
+from mtad_edge.runtime.errors import MtadEdgeError
 
 from .staging import Progress, pair_manifest, preflight, publish, staging
 

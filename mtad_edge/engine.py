@@ -24,9 +24,10 @@ from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
 from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.options import check
+from mtad_edge.runtime.options import AUTO_WIDTH_MAX, check
 from mtad_edge.textstream import StopText, TextStream
 
 
@@ -118,9 +119,9 @@ class Engine:
     def __init__(self, models: LoadedPair, defaults: DecodeConfig, capacity: Optional[tuple[int, int]] = None):
         self._models: Optional[LoadedPair] = models
         self._defaults = defaults
-        self._gamma_cap: int
-        self._width_cap: int
-        self._gamma_cap, self._width_cap = capacity or (defaults.gamma, defaults.beam_width)
+        self._gamma_cap, self._width_cap = capacity or _capacity(defaults)
+        self.calibrated = Model()  # the load-time calibration: what seeded requests plan with
+        self.learned = Model()  # what the adaptive controller learns about this pair, kept across requests
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # the thread iterating a response
 
@@ -139,8 +140,16 @@ class Engine:
             method_names = [m for m in methods.names() if pair.aux is not None or not methods.get(m).needs_aux]
         if defaults.method not in method_names:
             method_names = [*method_names, defaults.method]
-        gamma, width = capacity or (defaults.gamma, defaults.beam_width)
-        return cls(open_pair(pair, method_names, gamma, width, options), defaults, (gamma, width))
+        gamma, width = capacity or _capacity(defaults)
+        engine = cls(open_pair(pair, method_names, gamma, width, options), defaults, (gamma, width))
+        models = engine._require_open()
+        if defaults.adaptive and models.aux is not None:
+            from mtad_edge.calibrate import calibrated_model
+
+            tree = any(methods.get(m).tree for m in method_names)
+            engine.calibrated = calibrated_model(models, options, gamma, width, tree)
+            engine.learned = engine.calibrated.copy(frozen=False)
+        return engine
 
     @classmethod
     def load(
@@ -170,7 +179,8 @@ class Engine:
             raise OptionError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
-        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg)
+        model = self.learned if cfg.seed is None else self.calibrated  # seeded: as a fresh engine plans
+        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg, model=model)
         return Response(self, gen, stops)  # prompt length is checked here, before any work
 
     def chat(self, messages: list[dict[str, str]], *, stop: Sequence[str] = (), **options: Any) -> Response:
@@ -233,12 +243,21 @@ class Engine:
         cfg = self._defaults.with_options(options)
         if methods.get(cfg.method).needs_aux and self._require_open().aux is None:
             raise OptionError(f"method {cfg.method} needs an auxiliary model; this engine has only a target", "method")
-        if cfg.gamma > self._gamma_cap or cfg.beam_width > self._width_cap:
-            param = "gamma" if cfg.gamma > self._gamma_cap else "beam_width"
+        width = cfg.beam_width if isinstance(cfg.beam_width, int) else 0
+        if cfg.max_gamma > self._gamma_cap or width > self._width_cap:
+            param = (
+                ("gamma" if isinstance(cfg.gamma, int) else "gamma_max") if width <= self._width_cap else "beam_width"
+            )
             raise OptionError(
                 f"this engine was loaded for gamma <= {self._gamma_cap} and beam_width <= {self._width_cap}", param
             )
         return cfg
+
+
+def _capacity(cfg: DecodeConfig) -> tuple[int, int]:
+    """The longest draft and widest beam the contexts are sized for: the request defaults' own
+    (an 'auto' width: up to AUTO_WIDTH_MAX)."""
+    return cfg.max_gamma, cfg.beam_width if isinstance(cfg.beam_width, int) else AUTO_WIDTH_MAX
 
 
 class _Held:

@@ -11,6 +11,9 @@ A manifest (JSON, schema 1) names where the weights come from and how each varia
 Built-in pairs are prepared into ``$MTAD_EDGE_HOME/<name>/`` (default: the platform cache dir).
 Other manifests keep their files beside the manifest. Every file is written under a temporary
 name and renamed when complete, so an interrupted prepare never leaves a half file that loads.
+
+A role with a ``"hub"`` entry, like an ``hf:`` reference given for --target/--aux, is fetched from the
+Hugging Face Hub into its cache instead (``mtad_edge.hub``); the known hub pairs live in ``models/hub/``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from mtad_edge.models import MANIFEST_DIR
 from mtad_edge.runtime.errors import MtadEdgeError
 
 DEFAULT_PAIR = "smollm2-135m"
+HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
 Progress = Callable[[str], None]
 
 
@@ -78,18 +82,24 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in MANIFEST_DIR.glob("*.json"))
 
 
+def hub_pair_names() -> list[str]:
+    """Known pairs fetched from the Hugging Face Hub (kept apart so `prepare --all` downloads nothing)."""
+    return sorted(p.stem for p in HUB_PAIRS_DIR.glob("*.json"))
+
+
 def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
     """A built-in pair by name, or a manifest.json path (or a folder holding one)."""
     p = Path(name_or_path)
     builtin = str(name_or_path) in builtin_names()
     if builtin:
         p = MANIFEST_DIR / f"{name_or_path}.json"
+    elif str(name_or_path) in hub_pair_names():
+        p, builtin = HUB_PAIRS_DIR / f"{name_or_path}.json", True
     elif p.is_dir():
         p = p / "manifest.json"
     if not p.is_file():
-        raise MtadEdgeError(
-            f"unknown pair {str(name_or_path)!r}: not one of {', '.join(builtin_names())} and no manifest file there"
-        )
+        known = ", ".join(builtin_names() + hub_pair_names())
+        raise MtadEdgeError(f"unknown pair {str(name_or_path)!r}: not one of {known} and no manifest file there")
     try:
         data = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -198,15 +208,19 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
 def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
     """Derive the pair's files if they are not there yet (idempotent). Returns their paths.
     A manifest outside models/ (an export) names finished files beside it: they are only checked."""
+    hub_roles = [r for r in ("target", "aux") if m.data[r].get("hub")]  # fetched last, into the hub's cache
     if not m.builtin:
-        missing = [str(m.file(r)) for r in ("target", "aux") if not m.file(r).is_file()]
+        missing = [str(m.file(r)) for r in ("target", "aux") if r not in hub_roles and not m.file(r).is_file()]
         if missing:
             raise MtadEdgeError(f"{m.path}: missing model file(s) {', '.join(missing)}")
-        return Pair(m.file("target"), m.file("aux"), m)
-    m.files_dir.mkdir(parents=True, exist_ok=True)
+        target, aux = (_hub_file(m, r, say) if r in hub_roles else m.file(r) for r in ("target", "aux"))
+        return Pair(target, aux, m)
     paths = {}
     for role in ("target", "aux"):
         spec = m.data[role]
+        if role in hub_roles:
+            continue
+        m.files_dir.mkdir(parents=True, exist_ok=True)
         derive = spec.get("derive")
         if not derive:  # used as is: the source file itself
             paths[role] = _source_path(m, say)
@@ -223,7 +237,23 @@ def prepare(m: Manifest, say: Progress = lambda s: None) -> Pair:
                 f"{spec['sha256'][:12]}... (another llama.cpp build?); using it anyway"
             )
         paths[role] = dest
+    paths.update({r: _hub_file(m, r, say) for r in hub_roles})
     return Pair(paths["target"], paths["aux"], m)
+
+
+def _hub_file(m: Manifest, role: str, say: Progress) -> Path:
+    from mtad_edge import hub
+
+    return hub.fetch(hub.from_spec(m.data[role]["hub"]), say)
+
+
+def _model_path(ref: str, say: Progress) -> Path:
+    """--target/--aux: a local path, or an ``hf:`` reference fetched from the Hugging Face Hub."""
+    if str(ref).startswith("hf:"):
+        from mtad_edge import hub
+
+        return hub.fetch(ref, say)
+    return Path(ref)
 
 
 def resolve(
@@ -233,5 +263,5 @@ def resolve(
     if target or aux:
         if pair:
             raise MtadEdgeError("give either --pair or --target/--aux, not both")
-        return Pair(Path(target) if target else None, Path(aux) if aux else None)
+        return Pair(_model_path(target, say) if target else None, _model_path(aux, say) if aux else None)
     return prepare(load_manifest(pair or DEFAULT_PAIR), say)

@@ -5,22 +5,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+from . import methods
 from .errors import OptionError
-from .options import OPTIONS, check, default
+from .options import AUTO, OPTIONS, check, default
 from .sampling import SamplingConfig
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
-DECODE_FIELDS = ("method", "max_tokens", "gamma", "beam_width", "accept_threshold", "seed")
+DECODE_FIELDS = ("method", "max_tokens", "gamma", "gamma_max", "beam_width", "accept_threshold", "seed")
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     method: str = default("method")
     max_tokens: int = default("max_tokens")
-    gamma: int = default("gamma")
-    beam_width: int = default("beam_width")
+    gamma: Union[int, str] = default("gamma")  # a length, or "auto"
+    gamma_max: int = default("gamma_max")
+    beam_width: Union[int, str] = default("beam_width")  # a width, or "auto"
     accept_threshold: float = default("accept_threshold")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: Optional[int] = default("seed")
@@ -28,6 +30,21 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         for name in DECODE_FIELDS:
             object.__setattr__(self, name, check(name, getattr(self, name)))
+        if self.beam_width == AUTO and not methods.get(self.method).uses_beams:
+            raise OptionError(
+                f"beam_width 'auto' applies to methods that draft with beams (mtad, mmtad); {self.method} does not",
+                "beam_width",
+            )
+
+    @property
+    def max_gamma(self) -> int:
+        """The longest draft this request may make (what the contexts must hold room for)."""
+        return self.gamma if isinstance(self.gamma, int) else self.gamma_max
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether a controller chooses gamma or the width step by step."""
+        return AUTO in (self.gamma, self.beam_width)
 
     def as_options(self) -> dict[str, Any]:
         """The flat options this config was made of (the inverse of ``with_options``)."""

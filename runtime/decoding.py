@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -21,8 +21,10 @@ import numpy as np
 from . import methods
 from .backend import Backend, TokenIds, common_prefix, feed
 from .config import DecodeConfig
+from .controller import Controller, FixedController, Model
 from .drafter import BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
+from .options import AUTO, AUTO_WIDTH_MAX
 from .sampling import filtered_logprobs
 
 TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
@@ -46,6 +48,11 @@ class Stats:
     wall_s: float = 0.0
     ttft_s: Optional[float] = None  # start of the run to its first committed block
     finish_reason: str = ""
+    gamma_hist: dict[int, int] = field(default_factory=dict)  # drafted length -> steps (0: plain target steps)
+    width_hist: dict[int, int] = field(default_factory=dict)  # beam width -> drafting steps
+    predicted_tokens: float = 0.0  # the controller's expected committed tokens, summed over steps
+    predicted_s: float = 0.0  # and its expected seconds
+    controller_s: float = 0.0  # time spent choosing (gamma, width) and learning
 
     @property
     def acceptance_rate(self) -> Optional[float]:
@@ -55,6 +62,11 @@ class Stats:
     def block_efficiency(self) -> Optional[float]:
         """Generated tokens per target call (1.0 for ar)."""
         return self.generated / self.target_calls if self.target_calls else None
+
+    @property
+    def predicted_tokens_per_s(self) -> Optional[float]:
+        """What the adaptive controller expected (None with a fixed gamma and width)."""
+        return self.predicted_tokens / self.predicted_s if self.predicted_s > 0 else None
 
     @property
     def decode_s(self) -> float:
@@ -67,7 +79,7 @@ class Stats:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("acceptance_rate", "block_efficiency", "tokens_per_s"):
+        for k in ("acceptance_rate", "block_efficiency", "tokens_per_s", "predicted_tokens_per_s"):
             d[k] = getattr(self, k)
         return d
 
@@ -87,30 +99,42 @@ class Stats:
 
 class Generation:
     """A lazy run: iterate for blocks of new token ids; ``stats`` is complete after the last one.
+
     ``reuse``: keep the longest prefix the caches already hold (else start from a cleared cache,
-    laid out exactly as in a fresh context)."""
+    laid out exactly as in a fresh context). ``model``: what the adaptive controller has learned
+    about this pair (an engine shares one between requests). ``clock``: seconds, for timings."""
 
     def __init__(
-        self, target: Backend, aux: Optional[Backend], prompt: Sequence[int], cfg: DecodeConfig, reuse: bool = True
+        self,
+        target: Backend,
+        aux: Optional[Backend],
+        prompt: Sequence[int],
+        cfg: DecodeConfig,
+        reuse: bool = True,
+        model: Optional[Model] = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         if not prompt:
             raise OptionError("the prompt must contain at least one token", "prompt")
         self.method = methods.get(cfg.method)
         if self.method.needs_aux and aux is None:
             raise OptionError(f"method {cfg.method} needs an auxiliary model (use --aux, or method ar)", "method")
-        self.target, self.aux, self.cfg, self.reuse = target, aux, cfg, reuse
-        self.gamma, self.width = cfg.gamma, (cfg.beam_width if self.method.uses_beams else 1)
-        self.layout = self.method.layout(self.gamma, self.width)
+        self.target, self.aux, self.cfg, self.reuse, self.clock = target, aux, cfg, reuse, clock
+        model = model if model is not None else Model()
+        self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive else model
+        self.controller = self._controller()
+        self.layout = self.method.layout(self.max_gamma, self.max_width)
         if self.layout.target_seqs > target.n_seq_max:
             raise OptionError(
-                f"{cfg.method} with {self.width} beams needs a target context with {self.layout.target_seqs} sequences",
+                f"{cfg.method} with {self.max_width} beams needs a target context with "
+                f"{self.layout.target_seqs} sequences",
                 "beam_width",
             )
         room = self._room()
         if len(prompt) > room:
             raise ContextOverflowError(
                 f"prompt has {len(prompt)} tokens but the context holds {room} "
-                f"(n_ctx minus {self._lookahead()} for decoding); shorten it or raise --ctx-size"
+                f"(n_ctx minus {self.layout.target_cells} for decoding); shorten it or raise --ctx-size"
             )
         self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         self.rng = np.random.default_rng(self.seed)
@@ -118,12 +142,40 @@ class Generation:
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
         self.drafter: Optional[BeamDrafter] = None
         if self.method.needs_aux and aux is not None:
-            self.drafter = BeamDrafter(aux, cfg.sampling, self.rng, self.width)
+            self.drafter = BeamDrafter(aux, cfg.sampling, self.rng, self.max_width, clock)
+        self._outcome: Optional[tuple[int, np.ndarray]] = None  # the last step's (k, cum log q), if it drafted
+
+    def _controller(self) -> FixedController | Controller:
+        """``--gamma N`` with a fixed width is a controller that always answers (N, w); 'auto'
+        gamma or width gets the adaptive one, choosing from the ranges the method allows."""
+        cfg, m = self.cfg, self.method
+        fixed_width = 1 if not m.uses_beams else cfg.beam_width if isinstance(cfg.beam_width, int) else None
+        if not m.needs_aux:
+            self.max_gamma, self.max_width = 0, 1
+            return FixedController(0, 1)
+        self.max_gamma = cfg.max_gamma
+        self.max_width = fixed_width or self._width_capacity()
+        if not cfg.adaptive:
+            return FixedController(cfg.max_gamma, self.max_width)
+        gammas = (
+            range(m.min_auto_gamma, cfg.gamma_max + 1) if cfg.gamma == AUTO else range(cfg.max_gamma, cfg.max_gamma + 1)
+        )
+        widths = [fixed_width] if fixed_width else list(range(1, self.max_width + 1))
+        s = cfg.sampling
+        key = f"{m.name} T={s.temperature} k={s.top_k} p={s.top_p} a={cfg.accept_threshold}"
+        return Controller(self.model, key, gammas, widths, tree=m.tree)
+
+    def _width_capacity(self) -> int:
+        """The widest beam the loaded contexts hold ('auto' width picks up to it)."""
+        w = (self.aux.n_seq_max - 1) // 2 if self.aux is not None else 1
+        if self.method.tree:
+            w = min(w, self.target.n_seq_max - 1)
+        return max(1, min(w, AUTO_WIDTH_MAX))
 
     # -- the loop ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[int]]:
-        st = self.stats
-        t0 = time.perf_counter()
+        st, clock = self.stats, self.clock
+        t0 = clock()
         between_steps = False  # caches match the bookkeeping only between steps
         try:
             with self.timed("prefill_s"):
@@ -134,22 +186,43 @@ class Generation:
                     st.finish_reason = "context"
                     return
                 between_steps = False
-                new = self.method.step(self, self.gamma, self.width)
+                new = self._step()
                 self.tokens.extend(new)
                 between_steps = True
                 out, stop = self._clip(new)
                 st.generated += len(out)
                 if out:
                     if st.ttft_s is None:
-                        st.ttft_s = time.perf_counter() - t0
+                        st.ttft_s = clock() - t0
                     yield out
                 if stop:
                     return
         finally:
             if not between_steps:  # stopped inside a step: drop what it left half done
                 self._drop_caches()
-            st.wall_s = time.perf_counter() - t0
+            st.wall_s = clock() - t0
             st.other_s = st.wall_s - sum(getattr(st, f) for f in TIMED_FIELDS)
+
+    def _step(self) -> list[int]:
+        """Ask the controller for (gamma, width), run the method's step, tell the controller how
+        it went."""
+        st, clock = self.stats, self.clock
+        t0 = clock()
+        plan = self.controller.plan(self.max_gamma)
+        st.controller_s += clock() - t0
+        self._outcome = None
+        new = self.method.step(self, plan.gamma, plan.width)
+        t1 = clock()
+        k, cum = self._outcome if self._outcome is not None else (None, np.zeros(0))
+        self.controller.observe_step(plan, k, cum, t1 - t0)
+        drafted = len(cum)
+        st.gamma_hist[drafted] = st.gamma_hist.get(drafted, 0) + 1
+        if drafted:
+            st.width_hist[plan.width] = st.width_hist.get(plan.width, 0) + 1
+        st.predicted_tokens += plan.tokens
+        st.predicted_s += plan.seconds
+        st.controller_s += clock() - t1
+        return new
 
     def _prefill(self) -> None:
         """Evaluate all prompt tokens but the last, reusing the cached prefix they share."""
@@ -171,9 +244,6 @@ class Generation:
         self.target.clear()
         if self.aux is not None:
             self.aux.clear()
-
-    def _lookahead(self) -> int:
-        return self.layout.target_cells
 
     def _room(self) -> int:
         """Committed tokens the contexts can hold with room for one more step."""
@@ -198,25 +268,36 @@ class Generation:
     @contextlib.contextmanager
     def timed(self, stat: str) -> Iterator[None]:
         """Add the wall time of the block to ``stats.<stat>`` (prefill_s, draft_s, verify_s)."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             yield
         finally:
-            setattr(self.stats, stat, getattr(self.stats, stat) + time.perf_counter() - t0)
+            setattr(self.stats, stat, getattr(self.stats, stat) + self.clock() - t0)
 
     def target_logp(self, draft: TokenIds = ()) -> np.ndarray:
         """One target call on the pending token plus ``draft``: filtered log p for every draft
         position plus one (one row without a draft)."""
         with self.timed("verify_s"):
+            t0, rows = self.clock(), len(self.tokens) - len(self.target.held(0)) + len(draft)
             logits = feed(self.target, self.tokens, draft, logits="all" if len(draft) else "last")
-            self.stats.target_calls += 1
-            return filtered_logprobs(logits, self.cfg.sampling)
+            p = filtered_logprobs(logits, self.cfg.sampling)
+            self.observe_target(rows, self.clock() - t0)
+            return p
+
+    def observe_target(self, rows: int, seconds: float) -> None:
+        """One target call of ``rows`` rows (its logits filtered) took ``seconds``."""
+        self.stats.target_calls += 1
+        self.model.target.observe(rows, seconds)
 
     def propose(self, gamma: int, width: int, rows: bool = False) -> Draft:
         assert self.drafter is not None
+        keep_going = self.controller.keep_going if isinstance(self.controller, Controller) else None
         with self.timed("draft_s"):
-            draft = self.drafter.propose(self.tokens, gamma, width, rows=rows)
+            draft = self.drafter.propose(self.tokens, gamma, width, rows=rows, keep_going=keep_going)
+        for n, seconds in draft.calls:
+            self.model.aux.observe(n, seconds)
         self.stats.drafted += len(draft.tokens)
+        self._outcome = (0, draft.cum_logq)
         return draft
 
     def commit(self, beam_tokens: TokenIds, k: int, bonus: int, beam: Optional[int] = None) -> list[int]:
@@ -228,6 +309,8 @@ class Generation:
         self.drafter.commit(self.tokens + new, k, beam)
         self.stats.accepted += k
         self.stats.accept_lengths.append(k)
+        if self._outcome is not None:
+            self._outcome = (k, self._outcome[1])
         return new
 
 

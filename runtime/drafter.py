@@ -12,8 +12,9 @@ With a unified KV cache a copy only tags cells with another seq id.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -33,6 +34,12 @@ class Draft:
     beams: Optional[np.ndarray] = None  # (n, gamma) every final beam (MMTAD's tree)
     beams_logq: Optional[np.ndarray] = None  # (n, gamma) per-token log q along each
     best: int = 0  # index of the best beam in ``beams``
+    calls: list[tuple[int, float]] = field(default_factory=list)  # (rows, seconds) of each aux step
+
+    @property
+    def cum_logq(self) -> np.ndarray:
+        """Cumulative log q along the best beam, per depth (the draft's own confidence)."""
+        return np.cumsum(self.logq_x)
 
 
 def beam_slots(width: int) -> int:
@@ -57,13 +64,20 @@ class BeamDrafter:
     greedy distribution is degenerate.
     """
 
-    def __init__(self, model: Backend, sampling: SamplingConfig, rng: np.random.Generator, max_width: int):
+    def __init__(
+        self,
+        model: Backend,
+        sampling: SamplingConfig,
+        rng: np.random.Generator,
+        max_width: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if model.n_seq_max < beam_slots(max_width):
             raise ValueError(
                 f"the draft context has {model.n_seq_max} sequences, beam width {max_width} "
                 f"needs {beam_slots(max_width)}"
             )
-        self.model, self.rng, self.max_width = model, rng, max_width
+        self.model, self.rng, self.max_width, self.clock = model, rng, max_width, clock
         self.greedy = sampling.greedy
         self.score_cfg = SamplingConfig(1.0, sampling.top_k, sampling.top_p) if self.greedy else sampling
         self._width = max_width  # the width of the last draft (its banks of sequences)
@@ -76,8 +90,9 @@ class BeamDrafter:
         """Draft up to ``gamma`` tokens after ``tokens`` with ``width`` beams; ``rows`` keeps the
         full log q rows along the best beam; ``keep_going`` may stop the draft early (at least
         one token is always drafted)."""
-        model, base = self.model, len(tokens)  # base: position of x_1
+        model, base, clock = self.model, len(tokens), self.clock  # base: position of x_1
         self._width = width
+        t0, pending = clock(), len(tokens) - len(model.held(0))
         logq = self._logq(feed(model, tokens)[-1:])  # (1, V) rows of the current beams
         seqs = [0]  # sequence of each current beam
         beam_tok = np.zeros((1, 0), dtype=np.int64)
@@ -85,10 +100,12 @@ class BeamDrafter:
         beam_rows = np.zeros((1, 0, logq.shape[-1])) if rows else None
         score = np.zeros(1)
         bank = 0
+        calls: list[tuple[int, float]] = []
         rng = None if self.greedy else self.rng
         for d in range(gamma):
             cand = score[:, None] + logq  # (beams, V) joint log q of every extension
             pick = sample_without_replacement(cand, width, rng)
+            calls.append((pending if d == 0 else len(seqs), clock() - t0))  # an aux call and its selection
             parent, tok = np.divmod(pick, logq.shape[-1])
             beam_tok = np.concatenate([beam_tok[parent], tok[:, None]], axis=1)
             beam_logq = np.concatenate([beam_logq[parent], logq[parent, tok][:, None]], axis=1)
@@ -99,6 +116,7 @@ class BeamDrafter:
             if d == gamma - 1 or (keep_going is not None and not keep_going(d + 1, float(score.max()))):
                 break
             # Give every beam a sequence of its own holding its parent's cache, then add `tok`.
+            t0 = clock()
             new_seqs = [1 + bank * width + j for j in range(len(pick))]
             batch = Batch()
             for j, s in enumerate(new_seqs):
@@ -110,7 +128,13 @@ class BeamDrafter:
         best = int(np.argmax(score))
         self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
         return Draft(
-            beam_tok[best], beam_logq[best], None if beam_rows is None else beam_rows[best], beam_tok, beam_logq, best
+            beam_tok[best],
+            beam_logq[best],
+            None if beam_rows is None else beam_rows[best],
+            beam_tok,
+            beam_logq,
+            best,
+            calls,
         )
 
     def commit(self, tokens: Sequence[int], k: int, beam: Optional[int] = None) -> None:

@@ -6,7 +6,7 @@ request bodies with :func:`check` too, so the same bad value gets the same words
 
     >>> check("gamma", 0)
     Traceback (most recent call last):
-    OptionError: gamma must be an integer in 1..16, got 0
+    OptionError: gamma must be an integer in 1..16 or 'auto', got 0
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def _methods() -> tuple[str, ...]:
     return names()
 
 
+AUTO_WIDTH_MAX = 4  # the widest beam 'auto' width may pick when nothing larger was loaded
 GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
 WIDTH_MAX = 8  # the widest beam; MMTAD's full tree then has at most 8 x 16 nodes
 SEED_MAX = 2**64 - 1
@@ -147,8 +148,27 @@ OPTIONS: dict[str, Option] = {
             hi=SEED_MAX,
             nullable=True,
         ),
-        Option("gamma", "int", 4, "Draft length.", lo=1, hi=GAMMA_MAX),
-        Option("beam_width", "int", 4, "MTAD beams w.", lo=1, hi=WIDTH_MAX),
+        Option(
+            "gamma",
+            "int",
+            AUTO,
+            "Draft length; 'auto': the controller picks 0..gamma_max each step "
+            "(1..gamma_max for mtad/mmtad), from measured costs and acceptance.",
+            lo=1,
+            hi=GAMMA_MAX,
+            auto=True,
+        ),
+        Option("gamma_max", "int", 8, "Longest draft gamma 'auto' may choose.", lo=1, hi=GAMMA_MAX),
+        Option(
+            "beam_width",
+            "int",
+            4,
+            "MTAD beams w; 'auto': the controller picks 1..w each step (opt-in: "
+            "narrower beams raise MTAD's perplexity).",
+            lo=1,
+            hi=WIDTH_MAX,
+            auto=True,
+        ),
         Option(
             "accept_threshold",
             "float",

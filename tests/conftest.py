@@ -4,6 +4,7 @@ offline. Helpers live in helpers.py."""
 from __future__ import annotations
 
 import pytest
+
 from helpers import FakeLM
 
 

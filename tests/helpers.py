@@ -6,7 +6,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from mtad_edge.runtime.backend import Batch, VocabInfo, common_prefix
+
+
+class FakeClock:
+    """Seconds that pass only when a fake model says so: call it like time.perf_counter."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class FakeLM:
@@ -26,7 +37,12 @@ class FakeLM:
         n_seq_max: int = 1,
         sharpness: float = 1.5,
         eog: int | None = None,
+        clock: FakeClock | None = None,
+        cost=None,
     ):
+        """``clock`` and ``cost``: each decode advances ``clock`` by ``cost(rows)`` seconds, a
+        scripted machine for the adaptive controller."""
+        self.clock, self.cost = clock, cost
         self.n_vocab, self.salt, self.n_ctx, self.n_seq_max = vocab, salt, n_ctx, n_seq_max
         self.n_batch = n_ctx
         self.sharpness, self.eog = sharpness, eog
@@ -53,6 +69,8 @@ class FakeLM:
     def decode(self, batch: Batch) -> np.ndarray:
         self.calls += 1
         self.evaluated += len(batch)
+        if self.clock is not None:
+            self.clock.now += self.cost(len(batch))
         rows = []
         for tok, pos, seq_ids, want in zip(batch.tokens, batch.pos, batch.seq_ids, batch.logits):
             assert pos < self.n_ctx, "KV cache overflow"

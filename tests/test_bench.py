@@ -6,14 +6,14 @@ import stat
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import FakeLM
-from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.sampling import log_softmax
 
+from helpers import FakeLM
 from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.native import llama_bench, speculative_simple
 from mtad_edge.bench.score import perplexity, token_logprobs
 from mtad_edge.cli import cli
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.sampling import log_softmax
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -182,6 +182,8 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
             "--prompts",
             str(prompts),
             "--max-tokens",
+            "4",
+            "--gamma",
             "4",
             "--out",
             str(out),

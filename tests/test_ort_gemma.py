@@ -2,6 +2,7 @@
 262144 tokens, and mixed pairs with the llama.cpp Q4_K_M aux."""
 
 import pytest
+
 from helpers import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, greedy_agreement
 from mtad_edge.runtime.compat import check_pair
 from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig

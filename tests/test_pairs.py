@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from mtad_edge.runtime.errors import MtadEdgeError
 
 import mtad_edge.pairs as pairs
+from mtad_edge.runtime.errors import MtadEdgeError
 
 
 @pytest.fixture

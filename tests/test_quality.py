@@ -4,9 +4,6 @@ variants: exact values on hand-made token lists and aggregates."""
 import math
 
 import pytest
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.sampling import SamplingConfig
 
 from mtad_edge.bench.quality import (
     distinct,
@@ -19,6 +16,9 @@ from mtad_edge.bench.quality import (
     run_counts,
 )
 from mtad_edge.bench.variants import capacity, expand, parse_spec
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.errors import OptionError
+from mtad_edge.runtime.sampling import SamplingConfig
 
 ABAB = [1, 2, 1, 2, 1, 2]
 
@@ -126,7 +126,10 @@ def test_variants_expand_methods_gammas_and_temperatures_in_order():
     vs, _ = expand(BASE, ("mtad",), [], [], ["mtad thr=0.5", "mtad accept_threshold=0.3 w=2", "beam g=2 T=0"])
     assert [v.label for v in vs] == ["mtad", "mtad w=2 thr=0.3", "beam g=2 T=0"]
     assert vs[1].options == {"accept_threshold": 0.3, "beam_width": 2}
-    assert capacity(BASE, vs) == (4, 4) and capacity(BASE, expand(BASE, ("mtad",), [9], [])[0]) == (9, 4)
+    assert capacity(BASE, vs) == (8, 4)  # the base drafts gamma 'auto': up to gamma_max 8
+    vs, _ = expand(BASE, ("sd", "ar"), [2, "auto"], [], ["mtad g=12 w=auto"])
+    assert [v.label for v in vs] == ["sd g=2", "sd g=auto", "ar", "mtad g=12 w=auto"]
+    assert capacity(BASE, vs[:3]) == (8, 4) and capacity(BASE, vs) == (12, 4)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from mtad_edge.runtime.sampling import (
     SamplingConfig,
     filtered_logprobs,

@@ -2,6 +2,7 @@ import math
 
 import numpy as np
 import pytest
+
 from helpers import chi2_critical, chi2_stat
 from mtad_edge.runtime.verify import greedy_accept_length, mtad_accept_length, speculative_verify
 

@@ -17,7 +17,7 @@ from typing import Any
 from mtad_edge.runtime import methods as registry
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.options import OPTIONS
+from mtad_edge.runtime.options import AUTO_WIDTH_MAX, OPTIONS
 
 # Short names for labels and --variant specs; the option table's full names work too.
 SHORT = {
@@ -123,7 +123,8 @@ def expand(
 
 
 def capacity(base: DecodeConfig, variants: Sequence[Variant]) -> tuple[int, int]:
-    """The largest (gamma, beam width) any variant asks for: the engine's contexts fit them all."""
-    gammas = [v.config(base, 0).gamma for v in variants] + [base.gamma]
-    widths = [v.config(base, 0).beam_width for v in variants] + [base.beam_width]
-    return max(g for g in gammas if isinstance(g, int)), max(w for w in widths if isinstance(w, int))
+    """The largest (gamma, beam width) any variant asks for (gamma 'auto': its gamma_max; width
+    'auto': up to AUTO_WIDTH_MAX): the engine's contexts fit them all."""
+    cfgs = [base] + [v.config(base, 0) for v in variants]
+    width = max(c.beam_width if isinstance(c.beam_width, int) else AUTO_WIDTH_MAX for c in cfgs)
+    return max(c.max_gamma for c in cfgs), width

@@ -137,8 +137,8 @@ def bench(
     model = replace(model, options=replace(model.options, threads=threads))
     room = variant_capacity(base, variants)
     capacity = (
-        max([room[0]] + [p["gamma"] for p in points]),  # room for every setting
-        max([room[1]] + [p["beam_width"] for p in points]),
+        max([room[0]] + [p["gamma"] for p in points if isinstance(p["gamma"], int)]),  # room for every setting
+        max([room[1]] + [p["beam_width"] for p in points if isinstance(p["beam_width"], int)]),
     )
     engine_methods = list(dict.fromkeys([v.method for v in variants] + (["mtad"] if points else [])))
     out = Path(out_dir)
@@ -221,13 +221,13 @@ def _native(bin_dir, paths, rendered, base, threads) -> dict:
     res = {"llama-bench tg target": native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads)}
     runs = [
         native.speculative_simple(
-            Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.gamma
+            Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.max_gamma
         )
         for text in rendered
     ]
     gen, sec = sum(r["generated"] for r in runs), sum(r["decode_s"] for r in runs)
     drafted, acc = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
-    res[f"speculative-simple temp 0, draft {base.gamma}"] = {
+    res[f"speculative-simple temp 0, draft {base.max_gamma}"] = {
         "tool": "llama-speculative-simple",
         "tokens_per_s": gen / sec if sec else None,
         "acceptance_rate": acc / drafted if drafted else None,

@@ -1,11 +1,12 @@
-"""`mtad-edge models list|prepare|path`: the named pairs and their prepared files."""
+"""`mtad-edge models list|prepare|pull|path`: the named pairs and their prepared or downloaded files."""
 
 from __future__ import annotations
 
 import click
 
+from mtad_edge import hub
 from mtad_edge.cli.options import errors_as_click
-from mtad_edge.pairs import DEFAULT_PAIR, builtin_names, home, load_manifest, prepare
+from mtad_edge.pairs import DEFAULT_PAIR, Manifest, builtin_names, home, hub_pair_names, load_manifest, prepare
 
 
 def _say(msg: str) -> None:
@@ -18,15 +19,39 @@ def models():
 
 
 @models.command("list")
+@errors_as_click
 def list_():
-    """List the named pairs and whether they are prepared."""
-    click.echo(f"cache: {home()}")
-    for name in builtin_names():
+    """List the named pairs: local ones (derived from installed packages) and known pairs on the Hugging Face Hub
+    (remote until pulled, then cached), with their sizes. Never touches the network."""
+    click.echo(f"cache: {home()}\nhub cache: {hub.cache_dir()}")
+    for name in builtin_names() + hub_pair_names():
         m = load_manifest(name)
-        ready = all(m.file(r).is_file() for r in ("target", "aux"))
-        flag = "prepared" if ready else "not prepared"
         default = " (default)" if name == DEFAULT_PAIR else ""
-        click.echo(f"{name}{default}  [{flag}]  {m.data.get('description', '')}")
+        click.echo(f"{name}{default}  [{_status(m)}]  {m.data.get('description', '')}")
+
+
+def _status(m: Manifest) -> str:
+    """local (prepared / not prepared), or remote / partly cached / cached for a pair with hub files, with the size
+    on disk or the size a pull would download (from the manifest: nothing is asked of the hub)."""
+    on_disk = to_download = uncached = hub_roles = 0
+    local_missing = False
+    for role in ("target", "aux"):
+        spec = m.data[role]
+        if spec.get("hub"):
+            ref, hub_roles = hub.from_spec(spec["hub"]), hub_roles + 1
+            path = hub.cached(ref)
+            on_disk += path.stat().st_size if path else 0
+            uncached, to_download = uncached + (path is None), to_download + (0 if path else ref.size or 0)
+        elif m.file(role).is_file():
+            on_disk += m.file(role).stat().st_size
+        else:
+            local_missing = True
+    if not hub_roles:
+        return "local, not prepared" if local_missing else f"local, prepared, {hub.human_size(on_disk)}"
+    if uncached:
+        state = "remote" if uncached == hub_roles else "partly cached"
+        return f"{state}, " + (f"{hub.human_size(to_download)} to download" if to_download else "size unknown")
+    return f"cached, {hub.human_size(on_disk)}"
 
 
 @models.command("prepare")
@@ -36,6 +61,20 @@ def list_():
 def prepare_(names, all_):
     """Derive the files of NAMES (default: the default pair) into the cache. Idempotent."""
     for name in builtin_names() if all_ else (names or [DEFAULT_PAIR]):
+        p = prepare(load_manifest(name), _say)
+        click.echo(f"{name}: ready")
+        click.echo(f"  target: {p.target}\n  aux: {p.aux}")
+
+
+@models.command("pull")
+@click.argument("names", nargs=-1, required=True)
+@errors_as_click
+def pull(names):
+    """Download NAMES without running them: known pairs, manifests, or hf:OWNER/REPO[/FILE.gguf|:QUANT]."""
+    for name in names:
+        if hub.is_ref(name):
+            click.echo(f"{name}: {hub.fetch(name, _say, refresh=True)}")
+            continue
         p = prepare(load_manifest(name), _say)
         click.echo(f"{name}: ready")
         click.echo(f"  target: {p.target}\n  aux: {p.aux}")

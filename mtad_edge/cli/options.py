@@ -71,7 +71,17 @@ method_option = request_option("method")
 sampling_options = _stack(
     *(
         request_option(n)
-        for n in ("gamma", "beam_width", "accept_threshold", "temperature", "top_k", "top_p", "seed", "max_tokens")
+        for n in (
+            "gamma",
+            "gamma_max",
+            "beam_width",
+            "accept_threshold",
+            "temperature",
+            "top_k",
+            "top_p",
+            "seed",
+            "max_tokens",
+        )
     )
 )
 
@@ -144,8 +154,14 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help=f"Named pair (see `mtad-edge models list`) or a manifest.json. Default: {DEFAULT_PAIR}.",
         ),
         click.option("--manifest", type=click.Path(exists=True), help="A pair's manifest.json (same as --pair PATH)."),
-        click.option("--target", type=click.Path(), help="Target model: a GGUF file or an ONNX model folder."),
-        click.option("--aux", type=click.Path(), help="Auxiliary (draft) model: GGUF file or ONNX folder."),
+        click.option(
+            "--target",
+            type=click.Path(),
+            help="Target model: a GGUF file, an ONNX model folder, or hf:OWNER/REPO/FILE.gguf | hf:OWNER/REPO:QUANT.",
+        ),
+        click.option(
+            "--aux", type=click.Path(), help="Auxiliary (draft) model: GGUF file, ONNX folder or an hf: reference."
+        ),
         click.option(
             "--ctx-size",
             "n_ctx",

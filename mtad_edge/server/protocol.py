@@ -31,6 +31,7 @@ REQUEST_FIELDS = {
     "seed": "seed",
     "method": "method",
     "gamma": "gamma",
+    "gamma_max": "gamma_max",
     "beam_width": "beam_width",
     "accept_threshold": "accept_threshold",
 }

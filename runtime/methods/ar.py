@@ -15,6 +15,7 @@ class AR(Method):
     name = "ar"
     summary = "target only, one token per call"
     needs_aux = False
+    min_auto_gamma = 0
 
     def layout(self, gamma: int, width: int) -> Layout:
         return Layout()

@@ -21,6 +21,7 @@ class MMTAD(Method):
     name = "mmtad"
     summary = "MTAD verifying all beams at once as a tree"
     uses_beams = True
+    tree = True
 
     def layout(self, gamma: int, width: int) -> Layout:
         # The pending token and up to w x gamma tree nodes; beam b in target sequence 1 + b.
@@ -34,8 +35,10 @@ class MMTAD(Method):
         tree = TokenTree.from_beams(draft.beams)
         verifier = TreeVerifier(run.target)
         with run.timed("verify_s"):
+            t0, pending = run.clock(), len(run.tokens) - len(run.target.held(0))
             p = filtered_logprobs(verifier.logits(run.tokens, tree), run.cfg.sampling)  # row 0: root
-            run.stats.target_calls += 1
+            run.observe_target(pending + len(tree), run.clock() - t0)
+            run.controller.observe_tree(len(draft.tokens), width, len(tree))
             rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
             if run.cfg.sampling.greedy:
                 k, b = greedy_tree_accept(draft.beams, np.argmax(p, axis=-1)[rows])

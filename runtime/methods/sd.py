@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 class SD(Method):
     name = "sd"
     summary = "lossless speculative sampling"
+    min_auto_gamma = 0
 
     def layout(self, gamma: int, width: int) -> Layout:
         return Layout(1, gamma + 1, beam_slots(1), beam_cells(1, gamma))

@@ -1,0 +1,106 @@
+"""Seed the adaptive controller's cost tables with a short calibration at load time.
+
+A few timed calls on throwaway positions: the target on 1..gamma_max+1 rows (and a couple of
+tree sizes when MMTAD may run), the aux on 1..w rows as beams. The result is cached per (model
+files, backend, threads, GPU layers, library version) under the cache dir, so it runs once per
+machine and setup. Decoding keeps refining the tables from the calls it makes anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Optional
+
+from mtad_edge.loader import LoadedPair, ModelOptions
+from mtad_edge.pairs import home
+from mtad_edge.runtime.backend import Backend, Batch
+from mtad_edge.runtime.controller import Costs, Model
+from mtad_edge.runtime.sampling import SamplingConfig, filtered_logprobs
+
+_TEXT = "The quick brown fox jumps over the lazy dog while the river runs quietly past the old mill."
+
+
+def _version() -> str:
+    for dist in ("llama-cpp-python", "onnxruntime"):
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int], aux_rows: list[int]) -> str:
+    parts: list[Any] = [options.backend, options.provider, options.threads or os.cpu_count(), options.n_gpu_layers]
+    for path in (models.pair.target, models.pair.aux):
+        st = Path(str(path)).stat() if path is not None else None
+        parts.append([str(path), st.st_size if st else 0, st.st_mtime_ns if st else 0])
+    parts += [target_rows, aux_rows, _version()]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def _timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool) -> float:
+    """Seconds of one call adding ``rows`` rows after ``prefix`` (one sequence, or ``rows``
+    beams of one token each), logits filtered as decoding does; the cells are dropped after."""
+    sampling = SamplingConfig()
+    batch = Batch()
+    for i in range(rows):
+        seq = 1 + i if as_beams else 0
+        if as_beams:
+            model.copy_seq(0, seq)
+        batch.add(prefix[i % len(prefix)], len(prefix) + (0 if as_beams else i), (seq,), True)
+    t0 = time.perf_counter()
+    filtered_logprobs(model.decode(batch), sampling)
+    seconds = time.perf_counter() - t0
+    for s in range(1, rows + 1 if as_beams else 1):
+        model.rollback(s, 0)
+    model.rollback(0, len(prefix))
+    return seconds
+
+
+def measure(models: LoadedPair, target_rows: list[int], aux_rows: list[int]) -> dict[str, dict[int, float]]:
+    """Time the calls (a warm-up first); both caches are cleared before and after."""
+    out: dict[str, dict[int, float]] = {"target": {}, "aux": {}}
+    for role, model, rows, as_beams in (
+        ("target", models.target, target_rows, False),
+        ("aux", models.aux, aux_rows, True),
+    ):
+        if model is None or not rows:
+            continue
+        model.clear()
+        prefix = model.tokenize(_TEXT)[:24]
+        model.decode(Batch.run(prefix, 0, logits="none"))
+        _timed_rows(model, prefix, 1, False)  # warm-up
+        for r in rows:  # the faster of two: a disturbed timing is not the machine's cost
+            out[role][r] = min(_timed_rows(model, prefix, r, as_beams) for _ in range(2))
+        model.clear()
+    return out
+
+
+def calibrated_model(models: LoadedPair, options: ModelOptions, gamma_max: int, width: int, tree: bool) -> Model:
+    """A controller Model seeded from the cache, or from a fresh calibration written to it."""
+    target_rows = list(range(1, gamma_max + 2))
+    if tree:
+        target_rows += sorted({width * gamma_max // 2 + 1, width * gamma_max + 1} - set(target_rows))
+    aux_rows = list(range(1, min(width, (models.aux.n_seq_max - 1) // 2) + 1)) if models.aux is not None else []
+    path = home() / "calibration" / f"{cache_key(models, options, target_rows, aux_rows)}.json"
+    tables: Optional[dict[str, dict[int, float]]] = None
+    try:
+        raw = json.loads(path.read_text())
+        tables = {k: {int(r): float(s) for r, s in v.items()} for k, v in raw.items()}
+    except (OSError, ValueError, AttributeError):
+        tables = None
+    if tables is None:
+        tables = measure(models, target_rows, aux_rows)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(tables))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache only costs the calibration next time
+    return Model(target=Costs(seed=tables.get("target")), aux=Costs(seed=tables.get("aux")))

@@ -1,0 +1,286 @@
+"""Adaptive drafting: how long a draft (and how wide a beam) pays for itself, step by step.
+
+Pure logic, no model calls. Three small parts:
+
+- ``Costs``: smoothed wall seconds of one call as a function of the rows it evaluates (one table
+  for the target, one for the aux), learned from the calls decoding makes anyway and optionally
+  seeded by a calibration at load time;
+- ``Acceptance``: from the recent steps, the chance that depth d of a draft is accepted
+  (``P(k >= d)``, per beam width), and the same given the draft's own confidence (the best beam's
+  cumulative log q, as llama.cpp's p_min and SpecDec++'s stopping rule use it);
+- ``Controller``: before each step, the (gamma, width) that maximises expected committed tokens
+  per second, with gamma 0 meaning one plain target step; while drafting, whether one more depth
+  is expected to pay for its aux call and its extra verified row.
+
+``FixedController`` always answers the configured gamma and width: ``--gamma N`` is that special
+case, not a second loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import numpy as np
+
+Floats = Union[Sequence[float], np.ndarray]  # per-depth values, as a list or an array
+
+
+class Costs:
+    """Seconds of one call by rows evaluated.
+
+    Rows decoding has run: an exponential moving average of what they took. Other rows: the
+    calibration's shape (a robust straight line through its points, so one disturbed timing does
+    not matter) scaled by how the observed rows compare with it now; without a calibration, a
+    robust line through the observed rows."""
+
+    def __init__(self, alpha: float = 0.2, seed: Optional[dict[int, float]] = None):
+        self.alpha = alpha
+        self.table: dict[int, float] = {}
+        self.seed = dict(seed or {})
+        self.prior = _line(self.seed)
+        self.frozen = False  # a frozen table ignores observations (seeded, reproducible runs)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if self.frozen or rows < 1 or not math.isfinite(seconds) or seconds < 0:
+            return
+        old = self.table.get(rows)
+        self.table[rows] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def __call__(self, rows: int) -> float:
+        rows = max(1, rows)
+        if rows in self.table:
+            return self.table[rows]
+        if self.prior is not None:
+            a, b = self.prior
+            scale = _median([self.table[r] / max(a + b * r, 1e-12) for r in self.table]) if self.table else 1.0
+            return (a + b * rows) * scale
+        line = _line(self.table)
+        if line is None:
+            return float(rows)  # no data at all: proportional, so only ratios matter
+        a, b = line
+        return max(min(self.table.values()), a + b * rows)
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _line(points: dict[int, float]) -> Optional[tuple[float, float]]:
+    """Theil-Sen: the median of pairwise slopes (never negative) and the median intercept; a
+    single point gives a flat 10 %/row guess."""
+    if not points:
+        return None
+    xs = sorted(points)
+    if len(xs) == 1:
+        y = points[xs[0]]
+        return y * (1 - 0.1 * xs[0]), 0.1 * y
+    slope = max(0.0, _median([(points[b] - points[a]) / (b - a) for i, a in enumerate(xs) for b in xs[i + 1 :]]))
+    return _median([points[x] - slope * x for x in xs]), slope
+
+
+# Upper edges of the bins of the best beam's cumulative log q (the confidence model).
+CONF_EDGES = (-4.0, -2.0, -1.0, -0.5, -0.2, 0.0)
+
+
+def _conf_bin(cum_logq: float) -> int:
+    return next((i for i, edge in enumerate(CONF_EDGES) if cum_logq <= edge), len(CONF_EDGES) - 1)
+
+
+@dataclass
+class _Rate:
+    """A decaying success rate with a Beta-like prior."""
+
+    hits: float = 0.0
+    tries: float = 0.0
+
+    def add(self, hit: bool, decay: float) -> None:
+        self.hits = self.hits * decay + (1.0 if hit else 0.0)
+        self.tries = self.tries * decay + 1.0
+
+    def value(self, prior: float, weight: float) -> float:
+        return (self.hits + prior * weight) / (self.tries + weight)
+
+
+@dataclass
+class Acceptance:
+    """P(k >= d) per beam width from recent steps (each observation decays the older ones by
+    ``decay``), and P(a depth is accepted | the best beam's cumulative log q through it)."""
+
+    decay: float = 0.95
+    prior: float = 0.6  # optimistic enough that unexplored depths get tried
+    weight: float = 1.0
+    depth: dict[tuple[int, int], _Rate] = field(default_factory=dict)  # (width, d) -> rate
+    conf: dict[tuple[int, int], _Rate] = field(default_factory=dict)  # (width, bin) -> rate
+
+    def observe(self, width: int, k: int, cum_logq: Floats) -> None:
+        """A verified draft of len(cum_logq) tokens of which k were accepted."""
+        for d, c in enumerate(cum_logq, start=1):
+            self.depth.setdefault((width, d), _Rate()).add(k >= d, self.decay)
+            self.conf.setdefault((width, _conf_bin(c)), _Rate()).add(k >= d, self.decay)
+
+    def survival(self, width: int, d: int) -> float:
+        """P(k >= d): depth d's own rate where it has been drafted, else the last known
+        depth-to-depth ratio continued geometrically."""
+        if d == 0 or (width, d) in self.depth:
+            return self._at(width, d)
+        known = [j for j in range(1, d) if (width, j) in self.depth]
+        if not known:
+            return float(self.prior**d)
+        last = known[-1]
+        ratio = self._at(width, last) / max(self._at(width, last - 1), 1e-9)
+        return self._at(width, last) * min(ratio, 1.0) ** (d - last)
+
+    def given_confidence(self, width: int, cum_logq: float) -> float:
+        """P(a drafted depth is accepted | the best beam's cumulative log q through it)."""
+        rate = self.conf.get((width, _conf_bin(cum_logq)))
+        return rate.value(self.prior, self.weight) if rate else self.prior
+
+    def _at(self, width: int, d: int) -> float:
+        if d == 0:
+            return 1.0
+        rate = self.depth.get((width, d))
+        return rate.value(self.prior, self.weight) if rate else float(self.prior**d)
+
+
+@dataclass
+class Plan:
+    gamma: int
+    width: int
+    tokens: float = 0.0  # expected committed tokens (0: no prediction)
+    seconds: float = 0.0  # expected wall seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class FixedController:
+    """Always the configured gamma and width (``--gamma N``): today's behaviour, exactly."""
+
+    def __init__(self, gamma: int, width: int):
+        self.gamma, self.width = gamma, width
+
+    def plan(self, max_gamma: int) -> Plan:
+        return Plan(min(self.gamma, max_gamma), self.width)
+
+    def keep_going(self, depth: int, cum_logq: float) -> bool:
+        return True
+
+    def observe_step(self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float) -> None:
+        pass
+
+    def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
+        pass
+
+
+@dataclass
+class Model:
+    """What the controller learns about one loaded pair: call costs, acceptance, the time a step
+    spends outside model calls. An engine keeps one, so a chat or a server keeps learning."""
+
+    target: Costs = field(default_factory=Costs)
+    aux: Costs = field(default_factory=Costs)
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per method and sampling settings
+    overhead: float = 0.0
+    nodes: dict[tuple[int, int], float] = field(default_factory=dict)  # MMTAD: tree nodes per (gamma, width)
+    frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
+
+    def for_key(self, key: str) -> Acceptance:
+        return self.acceptance.setdefault(key, Acceptance())
+
+    def copy(self, frozen: bool) -> Model:
+        """The cost tables as they stand and no acceptance history. Frozen, it is what a seeded
+        run plans with, so that its choices (and text) depend on the seed and the tokens only."""
+        target, aux = Costs(seed=self.target.seed), Costs(seed=self.aux.seed)
+        target.table, aux.table = dict(self.target.table), dict(self.aux.table)
+        target.frozen = aux.frozen = frozen
+        return Model(target, aux, overhead=self.overhead, frozen=frozen)
+
+
+class Controller:
+    """Picks (gamma, width) each step to maximise expected committed tokens per second.
+
+    A step with gamma g >= 1 and width w costs one aux call on the pending token, g - 1 aux calls of
+    w rows, one target call on ``verify_rows(g, w)`` rows and the per-step overhead; it commits
+    1 + sum_{d<=g} P(k >= d) tokens. Gamma 0 is one target row for one token. When gamma 0 wins it
+    still drafts now and then (after 8 plain steps, doubling while probes lose, at most every 64)
+    so that acceptance stays measured and a change of regime is noticed.
+    """
+
+    def __init__(self, model: Model, key: str, gammas: range, widths: Sequence[int], tree: bool):
+        self.model, self.acc = model, model.for_key(key)
+        self.gammas, self.widths, self.tree = gammas, list(widths), tree
+        self._since_draft, self._probe = 0, 8
+        self._plan: Optional[Plan] = None
+        self._probing = False
+
+    def verify_rows(self, gamma: int, width: int) -> int:
+        """Rows of the target call: the pending token plus the draft, or plus the tree's nodes."""
+        if not self.tree or gamma == 0:
+            return gamma + 1
+        return 1 + round(self.model.nodes.get((gamma, width), gamma * width * 0.75))
+
+    def step_seconds(self, gamma: int, width: int) -> float:
+        m = self.model
+        if gamma == 0:
+            return m.target(1) + m.overhead
+        return m.aux(1) + (gamma - 1) * m.aux(width) + m.target(self.verify_rows(gamma, width)) + m.overhead
+
+    def expected_tokens(self, gamma: int, width: int) -> float:
+        return 1.0 + sum(self.acc.survival(width, d) for d in range(1, gamma + 1))
+
+    def plan(self, max_gamma: int) -> Plan:
+        """The best (gamma, width) with gamma <= max_gamma."""
+        options = [
+            Plan(g, w, self.expected_tokens(g, w), max(self.step_seconds(g, w), 1e-12))
+            for w in self.widths
+            for g in self.gammas
+            if g <= max_gamma
+        ]
+        best = max(options, key=lambda p: p.rate)
+        self._probing = False
+        if best.gamma == 0:
+            self._since_draft += 1
+            drafts = [p for p in options if p.gamma > 0]
+            if drafts and self._since_draft >= self._probe:  # a probe: the best draft
+                self._since_draft, self._probe = 0, min(self._probe * 2, 64)
+                best, self._probing = max(drafts, key=lambda p: p.rate), True
+        else:
+            self._since_draft, self._probe = 0, 8
+        self._plan = best
+        return best
+
+    def keep_going(self, depth: int, cum_logq: float) -> bool:
+        """After ``depth`` drafted tokens whose best beam has cumulative log q ``cum_logq``: is one
+        more token expected to raise tokens per second? It is when its expected tokens per extra
+        second beat the step's average so far (the marginal test for a ratio E/T). Its chance is
+        P(depth accepted | confidence) x P(depth + 1 accepted | depth accepted)."""
+        plan = self._plan
+        if plan is None or depth >= plan.gamma:
+            return False
+        acc, w = self.acc, plan.width
+        gain = acc.given_confidence(w, cum_logq) * acc.survival(w, depth + 1) / max(acc.survival(w, depth), 1e-9)
+        extra = self.step_seconds(depth + 1, w) - self.step_seconds(depth, w)
+        return gain * self.step_seconds(depth, w) > self.expected_tokens(depth, w) * max(extra, 1e-12)
+
+    def observe_step(self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float) -> None:
+        """After a step: k accepted tokens (None for a plain step) of a draft whose best beam has
+        the given cumulative log q per depth, and the step's wall seconds."""
+        if k is not None and len(cum_logq):
+            self.acc.observe(plan.width, k, cum_logq)
+            if self._probing and k > 0:  # a probe found accepted tokens: look again soon
+                self._probe = 2
+        m = self.model
+        if m.frozen:
+            return
+        calls = self.step_seconds(len(cum_logq) if k is not None else 0, plan.width) - m.overhead
+        m.overhead = max(0.0, m.overhead + 0.2 * ((seconds - calls) - m.overhead))
+
+    def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
+        old = self.model.nodes.get((gamma, width))
+        self.model.nodes[(gamma, width)] = nodes if old is None else old + 0.2 * (nodes - old)

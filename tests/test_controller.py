@@ -1,0 +1,192 @@
+"""The adaptive-drafting controller: pure logic with scripted costs and acceptance, then the whole
+loop on fake backends whose calls advance a scripted clock."""
+
+import numpy as np
+import pytest
+
+from helpers import FakeClock, FakeLM
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.controller import Acceptance, Controller, Costs, FixedController, Model, Plan
+from mtad_edge.runtime.decoding import Generation, generate_tokens
+from mtad_edge.runtime.sampling import SamplingConfig
+
+
+def simulate(ctrl: Controller, steps: int, target_s, aux_s, accept_p, rng, max_gamma: int = 8):
+    """Run the controller against a scripted machine: target_s(rows), aux_s(rows) seconds per call,
+    accept_p(width) = chance each drafted token is accepted (independently). Returns the plans."""
+    plans = []
+    for _ in range(steps):
+        plan = ctrl.plan(max_gamma)
+        plans.append(plan)
+        if plan.gamma == 0:
+            ctrl.model.target.observe(1, target_s(1))
+            ctrl.observe_step(plan, None, [], target_s(1))
+            continue
+        ctrl.model.aux.observe(1, aux_s(1))
+        for _ in range(plan.gamma - 1):
+            ctrl.model.aux.observe(plan.width, aux_s(plan.width))
+        ctrl.model.target.observe(plan.gamma + 1, target_s(plan.gamma + 1))
+        k = 0
+        while k < plan.gamma and rng.random() < accept_p(plan.width):
+            k += 1
+        seconds = aux_s(1) + (plan.gamma - 1) * aux_s(plan.width) + target_s(plan.gamma + 1)
+        ctrl.observe_step(plan, k, list(np.cumsum([-0.1] * plan.gamma)), seconds)
+    return plans
+
+
+def sd_controller(gamma_max=8, widths=(1,)):
+    return Controller(Model(), "sd", range(0, gamma_max + 1), widths, tree=False)
+
+
+def test_costs_interpolate_and_smooth():
+    c = Costs(alpha=0.5)
+    c.observe(1, 1.0)
+    c.observe(5, 2.0)
+    assert c(1) == 1.0 and c(5) == 2.0 and c(3) == pytest.approx(1.5)
+    assert c(9) == pytest.approx(3.0)  # the line continues
+    c.observe(1, 3.0)
+    assert c(1) == pytest.approx(2.0)  # moving average
+
+
+def test_a_calibration_is_a_robust_shape_scaled_to_what_is_observed():
+    seed = {1: 1.0, 2: 1.1, 3: 1.2, 4: 9.0, 5: 1.4}  # one disturbed timing at 4 rows
+    c = Costs(seed=seed)
+    assert c(4) == pytest.approx(1.3) and c(9) == pytest.approx(1.8)
+    c.observe(1, 2.0)  # the machine is twice as slow now
+    c.observe(3, 2.4)
+    assert c(5) == pytest.approx(2.8) and c(1) == 2.0
+
+
+def test_acceptance_survival_and_decay():
+    a = Acceptance(decay=0.8)  # about the last 5 observations count, against a prior worth 1
+    for _ in range(20):
+        a.observe(1, 2, [-0.1, -0.2, -0.3])
+    assert a.survival(1, 1) > 0.9 and a.survival(1, 2) > 0.9 and a.survival(1, 3) < 0.15
+    assert a.survival(1, 4) < a.survival(1, 3)  # beyond what was drafted: the last ratio, continued
+    for _ in range(6):  # the regime changes: nothing is accepted any more
+        a.observe(1, 0, [-0.1, -0.2, -0.3])
+    assert a.survival(1, 1) < 0.35
+
+
+def test_gamma_zero_when_the_aux_costs_as_much_as_the_target_and_nothing_is_accepted():
+    ctrl = sd_controller()
+    plans = simulate(ctrl, 200, lambda r: 0.010, lambda r: 0.010, lambda w: 0.0, np.random.default_rng(0))
+    tail = [p.gamma for p in plans[50:]]
+    assert tail.count(0) / len(tail) > 0.9  # only rare probes draft
+
+
+def test_long_gamma_when_drafting_is_free_and_always_accepted():
+    ctrl = sd_controller()
+    plans = simulate(ctrl, 60, lambda r: 0.010, lambda r: 0.0001, lambda w: 1.0, np.random.default_rng(0))
+    assert all(p.gamma == 8 for p in plans[10:])
+
+
+def test_follows_a_change_of_regime_within_a_few_steps():
+    ctrl = sd_controller()
+    rng = np.random.default_rng(1)
+    cheap, costly = (lambda r: 0.0001), (lambda r: 0.010)
+    simulate(ctrl, 60, lambda r: 0.010, cheap, lambda w: 1.0, rng)
+    assert ctrl.plan(8).gamma == 8
+    after = simulate(ctrl, 40, lambda r: 0.010, costly, lambda w: 0.0, rng)  # drafting stops paying
+    first_zero = next(i for i, p in enumerate(after) if p.gamma == 0)
+    assert first_zero <= 8
+    back = simulate(ctrl, 300, lambda r: 0.010, cheap, lambda w: 1.0, rng)  # and pays again
+    first_long = next(i for i, p in enumerate(back) if p.gamma >= 6)
+    assert first_long <= 64 + 8  # the next probe (at most 64 plain steps away) finds it; a few more confirm it
+
+
+def test_auto_width_prefers_the_width_that_is_accepted():
+    ctrl = Controller(Model(), "mtad", range(1, 5), (1, 2, 4), tree=False)
+    plans = simulate(
+        ctrl,
+        300,
+        lambda r: 0.010,
+        lambda r: 0.001 * r,
+        lambda w: 0.95 if w == 2 else 0.3,
+        np.random.default_rng(2),
+        max_gamma=4,
+    )
+    widths = [p.width for p in plans[100:]]
+    assert widths.count(2) / len(widths) > 0.8
+
+
+def test_keep_going_stops_an_unconfident_draft_when_aux_steps_cost():
+    ctrl = sd_controller()
+    ctrl.model.target.observe(1, 0.010)
+    ctrl.model.target.observe(9, 0.012)
+    ctrl.model.aux.observe(1, 0.005)
+    for _ in range(50):  # confident tokens are accepted, unconfident ones are not
+        ctrl.acc.observe(1, 2, [-0.05, -0.1, -5.0, -9.0])
+    ctrl._plan = Plan(8, 1, 1.0)
+    assert ctrl.keep_going(1, -0.05)
+    assert not ctrl.keep_going(3, -5.0)
+
+
+def test_fixed_controller_is_todays_behaviour():
+    f = FixedController(4, 2)
+    assert (f.plan(16).gamma, f.plan(16).width) == (4, 2) and f.plan(3).gamma == 3 and f.keep_going(1, -9.0)
+
+
+# -- the whole loop on fake backends with a scripted clock ----------------------------------------
+def scripted_pair(aux_salt, aux_cost):
+    clock = FakeClock()
+    target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
+    aux = FakeLM(salt=aux_salt, n_seq_max=17, n_ctx=4096, clock=clock, cost=aux_cost)
+    return clock, target, aux
+
+
+def auto(method="sd", **kw):
+    """Unseeded, so the controller learns timings (a seeded run plans from frozen tables)."""
+    return DecodeConfig(method, 300, gamma="auto", gamma_max=6, **kw)
+
+
+def test_loop_chooses_plain_steps_when_the_draft_is_useless_and_costly():
+    clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
+    gen = Generation(target, aux, [1, 2, 3], auto(sampling=SamplingConfig(1.0, 0, 1.0)), clock=clock)
+    out = [t for b in gen for t in b]
+    hist = gen.stats.gamma_hist
+    assert len(out) == 300 and sum(hist.values()) == gen.stats.target_calls
+    assert hist.get(0, 0) / sum(hist.values()) > 0.6
+
+
+def test_loop_drafts_long_when_the_aux_is_the_target_and_free():
+    clock, target, aux = scripted_pair(aux_salt=1, aux_cost=lambda rows: 0.00001)
+    gen = Generation(target, aux, [1, 2, 3], auto(), clock=clock)
+    [t for b in gen for t in b]
+    hist = gen.stats.gamma_hist
+    assert max(hist, key=hist.get) == 6 and gen.stats.acceptance_rate == 1.0
+    assert gen.stats.predicted_tokens_per_s > 0
+
+
+@pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
+def test_a_seeded_auto_run_gives_the_same_text_whatever_the_timing(method):
+    texts, hists = [], []
+    for aux_cost in (lambda rows: 0.00001, lambda rows: 0.02):  # a fast and a slow machine
+        clock, target, aux = scripted_pair(aux_salt=2, aux_cost=aux_cost)
+        out, st = generate_tokens(target, aux, [1, 2, 3], auto(method, seed=11))
+        texts.append(out)
+        hists.append(st.gamma_hist)
+    assert texts[0] == texts[1] and hists[0] == hists[1]
+
+
+@pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
+def test_auto_gamma_at_temperature_zero_gives_ar_text(method):
+    clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.001)
+    greedy = SamplingConfig(temperature=0.0)
+    ar, _ = generate_tokens(target, None, [1, 2, 3], DecodeConfig("ar", 300, sampling=greedy))
+    out, st = generate_tokens(target, aux, [1, 2, 3], auto(method, sampling=greedy))
+    assert out == ar and len(out) == 300
+    assert sum(st.gamma_hist.values()) == st.target_calls
+
+
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        (dict(gamma="auto", gamma_max=0), "gamma_max must be an integer in 1..16"),
+        (dict(method="sd", beam_width="auto"), "beam_width 'auto'"),
+        (dict(gamma="often"), "gamma must be an integer in 1..16 or 'auto'"),
+    ],
+)
+def test_bad_auto_settings_are_one_line_errors(bad, needle):
+    with pytest.raises(ValueError, match=needle):
+        DecodeConfig(**bad)
