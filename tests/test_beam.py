@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from helpers import FakeLM, greedy
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.decoding import Generation, generate_tokens
@@ -177,3 +178,13 @@ def test_engine_opens_room_for_beam_by_default(smol_files):
         r = eng.generate("The capital of France is", method="beam", max_tokens=8, seed=1)
         r.text()
         assert r.stats.method == "beam" and r.stats.generated == 8 and r.stats.target_calls == 8
+
+
+def test_auto_gamma_and_width_mean_the_papers_window_and_width():
+    """No controller adapts beam (nothing drafts): 'auto' is gamma 4 and width 4, every step."""
+    target = FakeLM(vocab=5, salt=4, n_seq_max=9)
+    gen = Generation(target, None, PROMPT, DecodeConfig("beam", 12, gamma="auto", beam_width="auto", seed=2))
+    blocks = list(gen)
+    assert [len(b) for b in blocks] == [4, 4, 4] and gen.stats.target_calls == 12
+    fixed = DecodeConfig("beam", 12, gamma=4, beam_width=4, seed=2)
+    assert generate_tokens(FakeLM(vocab=5, salt=4, n_seq_max=9), None, PROMPT, fixed)[0] == sum(blocks, [])

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from ..config import DecodeConfig
     from ..decoding import Generation
 
 
@@ -43,6 +44,10 @@ class Method:
 
     def layout(self, gamma: int, width: int) -> Layout:
         raise NotImplementedError
+
+    def fixed_plan(self, cfg: DecodeConfig) -> tuple[int, int]:
+        """(gamma, width) of every step of a method without an aux, which no controller adapts."""
+        return 0, 1
 
     def step(self, run: Generation, gamma: int, width: int) -> list[int]:
         """One target call (and its draft): the tokens to commit, at least one."""

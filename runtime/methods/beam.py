@@ -12,6 +12,10 @@ The search is the drafter's (``BeamDrafter``) run on the target: at temperature 
 deterministic top-w beam search over the (top-k/top-p filtered) joint log p; above 0 the w
 beams are drawn without replacement in proportion to the tempered joint (beam sampling, as
 MTAD's draft). It needs only the target: w beams in two banks of sequences, 2w + 1 in all.
+
+No controller adapts it (there is no draft to tune): the window is the request's ``gamma`` and the
+width its ``beam_width``; 'auto' for either means the paper's setting, 4 (the window MTAD's
+fixed-gamma defaults drafted), so ``--method beam`` works with the default options.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from . import Layout, Method
 from .ar import plain_step
 
 if TYPE_CHECKING:
+    from ..config import DecodeConfig
     from ..decoding import Generation
+
+AUTO_WINDOW = 4  # gamma 'auto' (and width 'auto'): the paper's gamma 4 and beam width 4
 
 
 class Beam(Method):
@@ -35,6 +42,10 @@ class Beam(Method):
     def layout(self, gamma: int, width: int) -> Layout:
         # Sequence 0 plus two banks of w beams; the pending token plus the beams' cells.
         return Layout(beam_slots(width), beam_cells(width, gamma))
+
+    def fixed_plan(self, cfg: DecodeConfig) -> tuple[int, int]:
+        gamma = cfg.gamma if isinstance(cfg.gamma, int) else AUTO_WINDOW
+        return gamma, cfg.beam_width if isinstance(cfg.beam_width, int) else AUTO_WINDOW
 
     def step(self, run: Generation, gamma: int, width: int) -> list[int]:
         if gamma == 0:
