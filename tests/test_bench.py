@@ -207,13 +207,13 @@ def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_file
 
     out = tmp_path / "out"
     args = ["bench", "--prompts", str(_prompts(tmp_path)), "--max-tokens", "12", "--out", str(out)]
-    args += ["--methods", "ar,mtad,beam", "--gammas", "2,3", "--ar-temperatures", "1,0.5"]
+    args += ["--methods", "ar,mtad,beam", "--gammas", "2,auto", "--ar-temperatures", "1,0.5"]
     args += ["--variant", "mmtad w=2 thr=0.3"]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     assert "'ar T=1' is the same request as 'ar'" in r.stderr
     res = json.loads((out / "results.json").read_text())
-    labels = ["ar", "mtad g=2", "mtad g=3", "beam g=2", "beam g=3", "ar T=0.5", "mmtad w=2 thr=0.3"]
+    labels = ["ar", "mtad g=2", "mtad g=auto", "beam g=2", "beam g=auto", "ar T=0.5", "mmtad w=2 thr=0.3"]
     assert list(res["methods"]) == labels and [v["label"] for v in res["variants"]] == labels
     assert res["variants"][6] == {
         "label": labels[6],
@@ -234,16 +234,20 @@ def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_file
         assert 0 <= agg["rep_4"] <= 1 and 0 < agg["distinct_1"] <= 1 and "se" in agg
     for x in runs:
         if x["method"] == "beam":
-            gamma = int(x["label"][-1])
+            gamma = 2 if x["label"] == "beam g=2" else 4  # 'auto': beam's fixed window of 4
             assert x["target_calls"] == gamma * -(-x["generated"] // gamma) or x["finish_reason"] == "stop"
             assert x["drafted"] == 0 and x["accept_lengths"] == []
+    auto, fixed = res["methods"]["mtad g=auto"], res["methods"]["mtad g=2"]
+    assert sum(auto["gamma_hist"].values()) == auto["target_calls"] and auto["predicted_tokens_per_s"] > 0
+    assert fixed["gamma_hist"] == {"2": fixed["target_calls"]} and fixed["predicted_tokens_per_s"] is None
+    assert res["methods"]["beam g=auto"]["width_hist"] is None or res["methods"]["beam g=auto"]["width_hist"] == {}
     front = res["frontier"]
     assert [p["label"] for p in front["curve"]] == sorted(["ar", "ar T=0.5"], key=lambda k: res["methods"][k]["ppl"])
     assert set(front["variants"]) == set(labels) - {"ar", "ar T=0.5"}
     for p in front["variants"].values():
         assert p["verdict"] in ("beyond", "behind", "mixed", "outside")
     md = (out / "report.md").read_text()
-    assert "| beam g=3 |" in md and "distinct-2" in md and "ar T at same PPL" in md
+    assert "| beam g=auto |" in md and "distinct-2" in md and "ar T at same PPL" in md and "| mtad g=auto |" in md
     for png in ("bench.png", "quality.png", "gammas.png"):
         assert (out / png).read_bytes().startswith(PNG_MAGIC)
 
@@ -278,6 +282,7 @@ def test_report_and_quality_plot_from_aggregates(tmp_path):
         "ar": agg("ar", 1.0, 3.0, 0.85, 0.05),
         "ar T=0.6": agg("ar", 0.6, 2.0, 0.75, 0.13),
         "mtad": agg("mtad", 1.0, 2.2, 0.70, 0.16, gamma_hist={"2": 3, "4": 5}, predicted_tokens_per_s=60.0),
+        "sd": agg("sd", 1.0, 3.0, 0.85, 0.05, gamma_hist={"4": 8}, predicted_tokens_per_s=None),
         "beam T=0": agg("beam", 0.0, 1.5, 0.5, 0.3),
     }
     cfg = {"prompts": 8, "repeats": 3, "max_tokens": 96, "temperature": 1.0, "top_k": 10, "top_p": 0.9, "gamma": 4}
@@ -286,6 +291,7 @@ def test_report_and_quality_plot_from_aggregates(tmp_path):
     md = report_markdown(results)
     assert "| mtad | 1 | 2.20 ± 0.05 | 0.500 | 0.700 ± 0.010 | 0.900 | 0.160 ± 0.010 | 90.0 |" in md
     assert "| mtad | 2.20 | 0.68 | 0.700 (0.770, -0.070*) | 0.160 (0.114, +0.046*) | behind |" in md
-    assert "| beam T=0 | 1.50 | < 0.6 (lowest PPL) |" in md and "| 2: 3, 4: 5 |" in md
+    assert "| beam T=0 | 1.50 | < 0.6 (lowest PPL) |" in md and "| mtad | 2: 3, 4: 5 | – | 60.0 | 50.0 |" in md
+    assert "| sd | 4: 8 | – | – | 50.0 |" in md  # a fixed gamma beside the adaptive one
     png = plot_quality(tmp_path, results)
     assert png is not None and png.read_bytes().startswith(PNG_MAGIC)

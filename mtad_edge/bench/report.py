@@ -139,8 +139,8 @@ def _quality_tables(results: dict) -> list[str]:
 
 def _controller_table(methods: dict) -> list[str]:
     """The adaptive controller's choices (gamma/width histograms, predicted vs realised speed)."""
-    rows = [(m, a) for m, a in methods.items() if a.get("gamma_hist") or a.get("width_hist")]
-    if not rows:
+    rows = [(m, a) for m, a in methods.items() if any(k != "0" for k in a.get("gamma_hist") or {})]  # drafting
+    if not any(a.get("predicted_tokens_per_s") is not None for _, a in rows):  # nothing adaptive ran
         return []
     lines = [
         "",
