@@ -31,6 +31,7 @@ class GgufExport:
     overwrite: bool = False
     name: Optional[str] = None
     context_size: int = 2048
+    vocab_mismatch: str = "auto"  # different tokenizers: auto | allow | refuse (as at run time)
 
 
 def convert(hf_dir: Path, dest: Path, outtype: str) -> None:
@@ -51,7 +52,7 @@ def _quantized(src_f16: Path, dest: Path, quant: str, outtype: str) -> None:
 
 def export_gguf(job: GgufExport, say: Progress = lambda s: None) -> Path:
     """Run the export; returns the manifest path."""
-    self_draft, _ = preflight(job.target, job.aux, job.out, job.overwrite, say)
+    self_draft, _ = preflight(job.target, job.aux, job.out, job.overwrite, say, job.vocab_mismatch)
     name = job.name or job.out.name
     files = {"target": f"{name}-target-{job.target_quant}.gguf", "aux": f"{name}-aux-{job.aux_quant}.gguf"}
     with staging(job.out) as stage:

@@ -32,6 +32,7 @@ class OnnxExport:
     overwrite: bool = False
     name: Optional[str] = None
     context_size: int = 2048
+    vocab_mismatch: str = "auto"  # different tokenizers: auto | allow | refuse (as at run time)
 
 
 def export_fp32(hf_dir: Path, dest: Path) -> None:
@@ -80,7 +81,7 @@ def export_onnx(job: OnnxExport, say: Progress = lambda s: None) -> Path:
     for q in (job.quant, job.aux_quant):
         if q not in QUANTS:
             raise MtadEdgeError(f"unknown ONNX quantization {q!r} (choose from {', '.join(QUANTS)})")
-    self_draft, _ = preflight(job.target, job.aux, job.out, job.overwrite, say)
+    self_draft, _ = preflight(job.target, job.aux, job.out, job.overwrite, say, job.vocab_mismatch)
     with staging(job.out) as stage:
         say(f"exporting target {job.target} to ONNX")
         export_fp32(job.target, stage / "target-fp32")

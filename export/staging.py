@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +24,11 @@ def check_hf_dir(path: Path, role: str) -> None:
         raise MtadEdgeError(f"--{role} {path}: not a Hugging Face model folder (no config.json)")
 
 
-def preflight(target: Path, aux: str, out: Path, overwrite: bool, say: Progress) -> tuple[bool, Path]:
-    """Inputs are HF folders, no export is clobbered, the tokenizers match. Returns
-    (self_draft, manifest path)."""
+def preflight(
+    target: Path, aux: str, out: Path, overwrite: bool, say: Progress, vocab_mismatch: str = "auto"
+) -> tuple[bool, Path]:
+    """Inputs are HF folders, no export is clobbered, the tokenizers may draft for each other (the
+    run-time pair policy; an accepted mismatch is a notice on stderr). Returns (self_draft, manifest path)."""
     from .tokenizers import check_tokenizers
 
     self_draft = aux == FROM_TARGET
@@ -37,7 +40,7 @@ def preflight(target: Path, aux: str, out: Path, overwrite: bool, say: Progress)
         raise MtadEdgeError(f"{manifest_path} exists; pass --overwrite to replace the export")
     if not self_draft:
         say("checking that the tokenizers match")
-        check_tokenizers(target, Path(aux))  # before anything is written
+        check_tokenizers(target, Path(aux), vocab_mismatch, lambda s: print(s, file=sys.stderr))  # before any write
     return self_draft, manifest_path
 
 

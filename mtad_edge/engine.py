@@ -133,6 +133,7 @@ class Engine:
         defaults: DecodeConfig = DecodeConfig(),
         method_names: Optional[Sequence[str]] = None,
         capacity: Optional[tuple[int, int]] = None,
+        say: Callable[[str], None] = lambda s: None,
     ) -> Engine:
         """Load ``pair`` for ``method_names`` (default: every method it can run) with room for
         ``capacity`` = (gamma, beam width) at most (default: the defaults' own)."""
@@ -141,7 +142,7 @@ class Engine:
         if defaults.method not in method_names:
             method_names = [*method_names, defaults.method]
         gamma, width = capacity or _capacity(defaults)
-        engine = cls(open_pair(pair, method_names, gamma, width, options), defaults, (gamma, width))
+        engine = cls(open_pair(pair, method_names, gamma, width, options, say), defaults, (gamma, width))
         models = engine._require_open()
         if defaults.adaptive and models.aux is not None:
             from mtad_edge.calibrate import calibrated_model
@@ -170,7 +171,7 @@ class Engine:
         most a request may ask for."""
         options = ModelOptions(**{k: kwargs.pop(k) for k in _LOAD_FIELDS if k in kwargs})
         defaults = DecodeConfig().with_options(kwargs)
-        return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names)
+        return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names, say=say)
 
     def generate(self, prompt: str, *, stop: Sequence[str] = (), **options: Any) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
@@ -180,7 +181,8 @@ class Engine:
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         model = self.learned if cfg.seed is None else self.calibrated  # seeded: as a fresh engine plans
-        gen = Generation(models.target, models.aux, models.target.tokenize(prompt), cfg, model=model)
+        ids = models.target.tokenize(prompt)
+        gen = Generation(models.target, models.aux, ids, cfg, model=model, vocab=models.vocab)
         return Response(self, gen, stops)  # prompt length is checked here, before any work
 
     def chat(self, messages: list[dict[str, str]], *, stop: Sequence[str] = (), **options: Any) -> Response:

@@ -3,17 +3,21 @@ the methods that will run on it (each method's ``layout`` says what a step needs
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import Any, Optional
 
-from mtad_edge.pairs import Pair
+from mtad_edge.pairs import Pair, home
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Backend
-from mtad_edge.runtime.compat import check_pair
+from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
 from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
 PROVIDERS = ("auto", "cpu", "cuda")
@@ -29,12 +33,17 @@ class ModelOptions:
     flash_attn: Optional[bool] = None  # llama.cpp; None: llama.cpp decides
     backend: str = "auto"  # auto: llama.cpp for .gguf files, ONNX Runtime for model folders / .onnx
     provider: str = "auto"  # ONNX Runtime: auto (CUDA when available) | cpu | cuda
+    vocab_mismatch: str = "auto"  # different vocabularies: auto (draft when enough is shared) | allow | refuse
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise MtadEdgeError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
         if self.provider not in PROVIDERS:
             raise MtadEdgeError(f"unknown provider {self.provider!r} (choose from {', '.join(PROVIDERS)})")
+        if self.vocab_mismatch not in MISMATCH_MODES:
+            raise MtadEdgeError(
+                f"unknown vocab_mismatch {self.vocab_mismatch!r} (choose from {', '.join(MISMATCH_MODES)})"
+            )
 
 
 def _backend_for(path: Path, requested: str) -> str:
@@ -70,8 +79,9 @@ def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spi
 class LoadedPair:
     """The two backends of a pair; a context manager that closes both."""
 
-    def __init__(self, target: Backend, aux: Optional[Backend], pair: Pair):
+    def __init__(self, target: Backend, aux: Optional[Backend], pair: Pair, vocab: Optional[VocabMap] = None):
         self.target, self.aux, self.pair = target, aux, pair
+        self.vocab = vocab  # the map between different vocabularies (None: the same vocabulary)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Messages -> prompt text with the template the manifest names (default: the model's)."""
@@ -99,8 +109,49 @@ def _gpu_layers(requested: Optional[int]) -> int:
     return -1 if llama_cpp.llama_supports_gpu_offload() else 0
 
 
+def pair_vocabulary(
+    target: Backend, aux: Backend, paths: tuple[Path, Path], mode: str, say: Callable[[str], None] = lambda s: None
+) -> Optional[VocabMap]:
+    """None for identical vocabularies; else the map to draft with, by the --vocab-mismatch policy
+    (the notice goes to ``say``). The map is cached per pair of model files in the cache dir."""
+    difference = vocab_difference(target, aux)
+    if difference is None:
+        return None
+    names = f"target {paths[0].name} and aux {paths[1].name}"
+    if mode == "refuse":
+        mismatch_verdict(mode, difference, 0.0, 0, aux.n_vocab, names)  # raises
+    vocab = _cached_map(target, aux, paths)
+    coverage = vocab.coverage_of(target.tokenize(COVERAGE_SAMPLE, add_special=False))
+    say(mismatch_verdict(mode, difference, coverage, vocab.mapped, aux.n_vocab, names))
+    return vocab
+
+
+def _cached_map(target: Backend, aux: Backend, paths: tuple[Path, Path]) -> VocabMap:
+    ident = [[str(p), *((p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (0, 0))] for p in paths]
+    key = hashlib.sha256(json.dumps([ident, target.n_vocab, aux.n_vocab]).encode()).hexdigest()[:20]
+    path = home() / "vocab" / f"{key}.npz"
+    try:
+        return VocabMap.load(str(path))
+    except (OSError, ValueError, KeyError):
+        pass
+    vocab = map_models(target, aux)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+        vocab.save(str(tmp))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs building the map again next time
+    return vocab
+
+
 def open_pair(
-    pair: Pair, method_names: Iterable[str], gamma: int, width: int, opts: ModelOptions = ModelOptions()
+    pair: Pair,
+    method_names: Iterable[str],
+    gamma: int,
+    width: int,
+    opts: ModelOptions = ModelOptions(),
+    say: Callable[[str], None] = lambda s: None,
 ) -> LoadedPair:
     """Load the target, and the aux when one of ``method_names`` drafts, with contexts that hold
     ``n_ctx`` committed tokens plus what a step of any of those methods needs at ``gamma`` and
@@ -123,9 +174,9 @@ def open_pair(
         target.close()
         raise
     try:
-        check_pair(target, aux, f"target {Path(target_path).name}", f"aux {Path(aux_path).name}")
+        vocab = pair_vocabulary(target, aux, (Path(target_path), Path(aux_path)), opts.vocab_mismatch, say)
     except BaseException:
         aux.close()
         target.close()
         raise
-    return LoadedPair(target, aux, pair)
+    return LoadedPair(target, aux, pair, vocab)

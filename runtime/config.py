@@ -13,7 +13,7 @@ from .options import AUTO, OPTIONS, check, default
 from .sampling import SamplingConfig
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
-DECODE_FIELDS = ("method", "max_tokens", "gamma", "gamma_max", "beam_width", "accept_threshold", "seed")
+DECODE_FIELDS = ("method", "max_tokens", "gamma", "gamma_max", "beam_width", "tree", "accept_threshold", "seed")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class DecodeConfig:
     gamma: Union[int, str] = default("gamma")  # a length, or "auto"
     gamma_max: int = default("gamma_max")
     beam_width: Union[int, str] = default("beam_width")  # a width, or "auto"
+    tree: str = default("tree")  # MMTAD: "final" beams' prefixes or the "full" tree of every live beam
     accept_threshold: float = default("accept_threshold")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: Optional[int] = default("seed")

@@ -21,11 +21,12 @@ import numpy as np
 from . import methods
 from .backend import Backend, TokenIds, common_prefix, feed
 from .config import DecodeConfig
-from .controller import Controller, FixedController, Model
+from .controller import Controller, FixedController, Model, Plan
 from .drafter import BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
 from .options import AUTO, AUTO_WIDTH_MAX
 from .sampling import filtered_logprobs
+from .vocab import CrossVocab, VocabMap
 
 TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
 
@@ -53,6 +54,8 @@ class Stats:
     predicted_tokens: float = 0.0  # the controller's expected committed tokens, summed over steps
     predicted_s: float = 0.0  # and its expected seconds
     controller_s: float = 0.0  # time spent choosing (gamma, width) and learning
+    vocab_resyncs: int = 0  # aux vocabulary differs: target tokens re-tokenised for the aux
+    vocab_mapped_share: Optional[float] = None  # and the share of generated tokens the aux could draft
 
     @property
     def acceptance_rate(self) -> Optional[float]:
@@ -102,7 +105,8 @@ class Generation:
 
     ``reuse``: keep the longest prefix the caches already hold (else start from a cleared cache,
     laid out exactly as in a fresh context). ``model``: what the adaptive controller has learned
-    about this pair (an engine shares one between requests). ``clock``: seconds, for timings."""
+    about this pair (an engine shares one between requests). ``clock``: seconds, for timings.
+    ``vocab``: the map when the aux speaks another vocabulary (runtime/vocab.py)."""
 
     def __init__(
         self,
@@ -113,6 +117,7 @@ class Generation:
         reuse: bool = True,
         model: Optional[Model] = None,
         clock: Callable[[], float] = time.perf_counter,
+        vocab: Optional[VocabMap] = None,
     ):
         if not prompt:
             raise OptionError("the prompt must contain at least one token", "prompt")
@@ -123,7 +128,7 @@ class Generation:
         model = model if model is not None else Model()
         self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive else model
         self.controller = self._controller()
-        self.layout = self.method.layout(self.max_gamma, self.max_width)
+        self.layout = self.method.layout(self.max_gamma, self.max_width, cfg)
         if self.layout.target_seqs > target.n_seq_max:
             raise OptionError(
                 f"{cfg.method} with {self.max_width} beams needs a target context with "
@@ -142,7 +147,8 @@ class Generation:
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
         self.drafter: Optional[BeamDrafter] = None
         if self.method.needs_aux and aux is not None:
-            self.drafter = BeamDrafter(aux, cfg.sampling, self.rng, self.max_width, clock)
+            cross = CrossVocab(vocab, target, aux) if vocab is not None else None
+            self.drafter = BeamDrafter(aux, cfg.sampling, self.rng, self.max_width, clock, cross)
         self._outcome: Optional[tuple[int, np.ndarray]] = None  # the last step's (k, cum log q), if it drafted
 
     def _controller(self) -> FixedController | Controller:
@@ -200,6 +206,10 @@ class Generation:
         finally:
             if not between_steps:  # stopped inside a step: drop what it left half done
                 self._drop_caches()
+            if self.drafter is not None and self.drafter.cross is not None:
+                cross = self.drafter.cross
+                st.vocab_resyncs = cross.resyncs
+                st.vocab_mapped_share = cross.vmap.coverage_of(self.tokens[st.prompt_tokens :])
             st.wall_s = clock() - t0
             st.other_s = st.wall_s - sum(getattr(st, f) for f in TIMED_FIELDS)
 
@@ -209,6 +219,8 @@ class Generation:
         st, clock = self.stats, self.clock
         t0 = clock()
         plan = self.controller.plan(self.max_gamma)
+        if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
+            plan = Plan(0, plan.width)
         st.controller_s += clock() - t0
         self._outcome = None
         new = self.method.step(self, plan.gamma, plan.width)
@@ -228,17 +240,14 @@ class Generation:
         """Evaluate all prompt tokens but the last, reusing the cached prefix they share."""
         if not self.reuse:
             self._drop_caches()
-        context = self.tokens[:-1]
-        for model in (self.target, self.aux if self.drafter else None):
-            if model is None:
-                continue
-            for s in range(1, model.n_seq_max):  # beams or tree branches a stopped run may have left
-                model.rollback(s, 0)
-            model.rollback(0, common_prefix(model.held(0), context))
-        self.stats.cached_tokens = len(self.target.held(0))
-        feed(self.target, context, logits="none")
+        context, target = self.tokens[:-1], self.target
+        for s in range(1, target.n_seq_max):  # tree branches a stopped run may have left
+            target.rollback(s, 0)
+        target.rollback(0, common_prefix(target.held(0), context))
+        self.stats.cached_tokens = len(target.held(0))
+        feed(target, context, logits="none")
         if self.drafter is not None:
-            feed(self.drafter.model, context, logits="none")
+            self.drafter.start(self.tokens)
 
     def _drop_caches(self) -> None:
         self.target.clear()
@@ -306,7 +315,7 @@ class Generation:
         self.target.rollback(0, len(self.tokens) + k)
         new = [int(t) for t in beam_tokens[:k]] + [int(bonus)]
         assert self.drafter is not None
-        self.drafter.commit(self.tokens + new, k, beam)
+        self.drafter.commit(k, beam)
         self.stats.accepted += k
         self.stats.accept_lengths.append(k)
         if self._outcome is not None:

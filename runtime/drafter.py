@@ -1,8 +1,10 @@
 """The auxiliary model's side: beam-sampled drafts (MTAD) and plain sampled drafts (width 1).
 
-A drafter is a small object: ``propose(tokens, gamma, width)`` returns a Draft continuing the
-committed ``tokens``; ``commit(tokens, k)`` is told that ``tokens`` now holds the first k drafted
-tokens (plus the target's bonus) and rolls its KV cache back to match.
+A drafter is a small object: ``start(tokens)`` begins a run on the committed tokens (a prompt);
+``propose(tokens, gamma, width)`` returns a Draft continuing them; ``commit(k)`` is told that the
+first k drafted tokens of the last draft were kept and rolls its KV cache back to match. With
+``cross`` (runtime/vocab.py) the aux speaks another vocabulary: it drafts in its own tokens,
+restricted to those with a target twin, and hands over target tokens.
 
 KV layout in the model's context: sequence 0 holds committed tokens (all but the last one or
 two, which are "pending" and fed at the next propose). Beams live in sequences 1..w and
@@ -19,8 +21,9 @@ from typing import Optional
 
 import numpy as np
 
-from .backend import Backend, Batch, feed
+from .backend import Backend, Batch, common_prefix, feed
 from .sampling import SamplingConfig, filtered_logprobs, sample_without_replacement
+from .vocab import CrossVocab
 
 # Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
 KeepGoing = Callable[[int, float], bool]
@@ -35,6 +38,15 @@ class Draft:
     beams_logq: Optional[np.ndarray] = None  # (n, gamma) per-token log q along each
     best: int = 0  # index of the best beam in ``beams``
     calls: list[tuple[int, float]] = field(default_factory=list)  # (rows, seconds) of each aux step
+    dead: Optional[np.ndarray] = None  # (m, gamma) beams that died before the last depth, -1 padded
+
+    def paths(self, full: bool) -> np.ndarray:
+        """The beams MMTAD verifies: the final ones, or with ``full`` also those that died earlier
+        (the authors' TreeMTADStrategy_v2 verifies every beam alive at every depth)."""
+        assert self.beams is not None
+        if not full or self.dead is None or not len(self.dead):
+            return self.beams
+        return np.concatenate([self.beams, self.dead[:, : self.beams.shape[1]]])
 
     @property
     def cum_logq(self) -> np.ndarray:
@@ -71,18 +83,38 @@ class BeamDrafter:
         rng: np.random.Generator,
         max_width: int,
         clock: Callable[[], float] = time.perf_counter,
+        cross: Optional[CrossVocab] = None,
     ):
         if model.n_seq_max < beam_slots(max_width):
             raise ValueError(
                 f"the draft context has {model.n_seq_max} sequences, beam width {max_width} "
                 f"needs {beam_slots(max_width)}"
             )
-        self.model, self.rng, self.max_width, self.clock = model, rng, max_width, clock
+        self.model, self.rng, self.max_width, self.clock, self.cross = model, rng, max_width, clock, cross
+        self.ctx: list[int] = []  # the aux's committed context: the target's own list when they share a vocabulary
         self.greedy = sampling.greedy
         self.score_cfg = SamplingConfig(1.0, sampling.top_k, sampling.top_p) if self.greedy else sampling
         self._width = max_width  # the width of the last draft (its banks of sequences)
         self._seqs, self._best = [0], 0  # after propose: each final beam's sequence, the best one
         self._cached = 0  # drafted tokens those sequences hold in their cache
+        self._base = 0  # aux position of the last draft's first token
+        self._beam_aux = np.zeros((1, 0), dtype=np.int64)  # the last draft's beams in aux tokens
+        self._dead_aux = np.zeros((0, 0), dtype=np.int64)  # and the beams that died on the way
+
+    def start(self, tokens: list[int]) -> None:
+        """A run begins on committed ``tokens``: the aux context (the same list when the vocabulary
+        is shared, so it grows with it), its cache cut to the prefix it already holds and fed all
+        but the last token."""
+        model = self.model
+        self.ctx = tokens if self.cross is None else self.cross.start(tokens)
+        self._drop_beams(model.n_seq_max)
+        model.rollback(0, common_prefix(model.held(0), self.ctx[:-1]))
+        feed(model, self.ctx[:-1], logits="none")
+
+    @property
+    def lagging(self) -> bool:
+        """The aux cannot see all of the committed text yet (an incomplete character)."""
+        return self.cross is not None and self.cross.lagging
 
     def propose(
         self, tokens: Sequence[int], gamma: int, width: int, rows: bool = False, keep_going: Optional[KeepGoing] = None
@@ -90,10 +122,14 @@ class BeamDrafter:
         """Draft up to ``gamma`` tokens after ``tokens`` with ``width`` beams; ``rows`` keeps the
         full log q rows along the best beam; ``keep_going`` may stop the draft early (at least
         one token is always drafted)."""
-        model, base, clock = self.model, len(tokens), self.clock  # base: position of x_1
+        model, clock, cross = self.model, self.clock, self.cross
+        if cross is not None:
+            cross.catch_up(self.ctx, tokens)
+        ctx = self.ctx
+        base = self._base = len(ctx)  # aux position of x_1
         self._width = width
-        t0, pending = clock(), len(tokens) - len(model.held(0))
-        logq = self._logq(feed(model, tokens)[-1:])  # (1, V) rows of the current beams
+        t0, pending = clock(), len(ctx) - len(model.held(0))
+        logq = self._logq(feed(model, ctx)[-1:])  # (1, V) rows of the current beams
         seqs = [0]  # sequence of each current beam
         beam_tok = np.zeros((1, 0), dtype=np.int64)
         beam_logq = np.zeros((1, 0))
@@ -101,12 +137,16 @@ class BeamDrafter:
         score = np.zeros(1)
         bank = 0
         calls: list[tuple[int, float]] = []
+        dead: list[np.ndarray] = []
         rng = None if self.greedy else self.rng
         for d in range(gamma):
             cand = score[:, None] + logq  # (beams, V) joint log q of every extension
             pick = sample_without_replacement(cand, width, rng)
             calls.append((pending if d == 0 else len(seqs), clock() - t0))  # an aux call and its selection
             parent, tok = np.divmod(pick, logq.shape[-1])
+            gone = np.setdiff1d(np.arange(len(beam_tok)), parent)
+            if d and len(gone):  # these prefixes have no child at this depth: dead ends
+                dead.append(np.pad(beam_tok[gone], ((0, 0), (0, gamma - d)), constant_values=-1))
             beam_tok = np.concatenate([beam_tok[parent], tok[:, None]], axis=1)
             beam_logq = np.concatenate([beam_logq[parent], logq[parent, tok][:, None]], axis=1)
             if beam_rows is not None:
@@ -127,36 +167,39 @@ class BeamDrafter:
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
         self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
-        return Draft(
-            beam_tok[best],
-            beam_logq[best],
-            None if beam_rows is None else beam_rows[best],
-            beam_tok,
-            beam_logq,
-            best,
-            calls,
-        )
+        self._beam_aux = beam_tok
+        self._dead_aux = np.concatenate(dead) if dead else np.zeros((0, beam_tok.shape[1]), dtype=np.int64)
+        q_rows = None if beam_rows is None else beam_rows[best]
+        ends = self._dead_aux if len(self._dead_aux) else None
+        if cross is not None:  # hand over target tokens (and q over the target's vocabulary)
+            beam_tok = cross.to_target(beam_tok)
+            q_rows = None if q_rows is None else cross.rows_to_target(q_rows)
+            ends = None if ends is None else np.where(ends >= 0, cross.to_target(np.maximum(ends, 0)), -1)
+        return Draft(beam_tok[best], beam_logq[best], q_rows, beam_tok, beam_logq, best, calls, ends)
 
-    def commit(self, tokens: Sequence[int], k: int, beam: Optional[int] = None) -> None:
-        """``tokens`` (committed) now end with x_1..x_k of the last draft's ``beam`` (default: the
-        best) and the target's bonus. Sequence 0 adopts the cached part of x_1..x_k from that
-        beam's sequence; all beams are dropped."""
-        base = len(tokens) - k - 1
-        m = min(k, self._cached)  # a beam's cache holds x_1..x_{n-1}
+    def commit(self, k: int, beam: Optional[int] = None) -> None:
+        """The target kept x_1..x_k of the last draft's ``beam`` (default: the best; indices past
+        the final beams are the dead ends of ``Draft.paths(full=True)``). Sequence 0 adopts the
+        cached part of them from a final beam's sequence (a dead end's cache is gone: the next
+        draft feeds them); all beams are dropped. The target's bonus reaches the aux next draft."""
+        b = self._best if beam is None else beam
+        base, finals = self._base, len(self._seqs)
         self.model.rollback(0, base)
+        m = min(k, self._cached) if b < finals else 0  # a beam's cache holds x_1..x_{n-1}
         if m:
-            self.model.copy_seq(self._seqs[self._best if beam is None else beam], 0, base, base + m)
-        self._drop_beams()
-
-    def reset(self, keep: int = 0) -> None:
-        """No beams; sequence 0 keeps its first ``keep`` committed tokens."""
-        self._drop_beams()
-        self.model.rollback(0, keep)
+            self.model.copy_seq(self._seqs[b], 0, base, base + m)
+        self._drop_beams(beam_slots(self._width))
+        if self.cross is not None:
+            path = self._beam_aux[b] if b < finals else self._dead_aux[b - finals]
+            self.cross.accepted(self.ctx, path, k)
 
     def _logq(self, logits: np.ndarray) -> np.ndarray:
-        return filtered_logprobs(logits, self.score_cfg)
+        logq = filtered_logprobs(logits, self.score_cfg)
+        if self.cross is None:
+            return logq
+        return self.cross.restrict(logq, np.asarray(logits), lambda x: filtered_logprobs(x, self.score_cfg))
 
-    def _drop_beams(self) -> None:
-        for s in range(1, beam_slots(self._width)):  # both banks of the last draft's width
+    def _drop_beams(self, seqs: int) -> None:
+        for s in range(1, seqs):  # both banks of the last draft's width; empty ones cost nothing
             self.model.rollback(s, 0)
         self._seqs, self._best, self._cached = [0], 0, 0

@@ -118,6 +118,7 @@ def _methods() -> tuple[str, ...]:
     return names()
 
 
+TREES = ("final", "full")
 AUTO_WIDTH_MAX = 4  # the widest beam 'auto' width may pick when nothing larger was loaded
 GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
 WIDTH_MAX = 8  # the widest beam; MMTAD's full tree then has at most 8 x 16 nodes
@@ -168,6 +169,14 @@ OPTIONS: dict[str, Option] = {
             lo=1,
             hi=WIDTH_MAX,
             auto=True,
+        ),
+        Option(
+            "tree",
+            "choice",
+            "final",
+            "MMTAD's tree: the prefixes of the final beams (final), or every beam alive at every depth, as "
+            "the authors' TreeMTADStrategy_v2 (full).",
+            choices=lambda: TREES,
         ),
         Option(
             "accept_threshold",

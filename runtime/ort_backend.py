@@ -24,6 +24,7 @@ from .backend import Batch, VocabInfo
 from .chat import render
 from .errors import ModelLoadError, MtadEdgeError
 from .ort_kv import DeviceKV, HostKV
+from .vocab import piece_bytes
 
 
 @dataclass(frozen=True)
@@ -38,19 +39,6 @@ class OrtConfig:
     # Q4_0 aux: sd 34.5 tok/s with the target spinning, 55.8 without). The loader spins only
     # when it loads a target alone.
     spin: bool = True
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte <-> printable-unicode table, inverted (byte-level BPE token text -> bytes)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 def _require(*names: str) -> list[Any]:
@@ -128,7 +116,6 @@ class OrtBackend:
         if self._special.get("eos_token") is not None:
             self._eog.add(self._special["eos_token"])
         tj = json.loads((d / "tokenizer.json").read_text())
-        self._bytes = _byte_decoder()
         self._byte_level = (tj.get("decoder") or {}).get("type") == "ByteLevel"
         self._control = {t["id"] for t in tj.get("added_tokens", []) if t.get("special")}
         self._kv: dict[int, list[np.ndarray]] = {}
@@ -145,15 +132,7 @@ class OrtBackend:
     def token_bytes(self, token: int) -> bytes:
         if int(token) in self._control:
             return b""  # special tokens print nothing, as llama.cpp does
-        text = self._tok.id_to_token(int(token)) or ""
-        if self._byte_level:
-            try:
-                return bytes(self._bytes[c] for c in text)
-            except KeyError:
-                return text.encode("utf-8")
-        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):  # SentencePiece byte fallback
-            return bytes([int(text[3:5], 16)])
-        return text.replace("\u2581", " ").encode("utf-8")
+        return piece_bytes(self._tok.id_to_token(int(token)) or "", self._byte_level)
 
     def is_eog(self, token: int) -> bool:
         return int(token) in self._eog

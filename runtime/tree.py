@@ -28,15 +28,19 @@ class TokenTree:
 
     @classmethod
     def from_beams(cls, beams: np.ndarray) -> TokenTree:
+        """The trie of the beams; a beam shorter than the others is padded with -1 (a beam that
+        died early, in the full tree), and its padded depths have node -1."""
         n, gamma = beams.shape
         index: dict[tuple[int, ...], int] = {}
         token: list[int] = []
         depth: list[int] = []
         parent: list[int] = []
         members: list[list[int]] = []
-        node_of = np.zeros((n, gamma), dtype=np.int64)
+        node_of = np.full((n, gamma), -1, dtype=np.int64)
         for d in range(gamma):
             for b in range(n):
+                if beams[b, d] < 0:
+                    continue
                 key = tuple(int(t) for t in beams[b, : d + 1])
                 if key not in index:
                     index[key] = len(token)
@@ -54,8 +58,8 @@ class TokenTree:
     def parent_rows(self) -> np.ndarray:
         """(n, gamma): the logits row predicting x_{b,d}, when row 0 is the root and row
         1 + i is node i."""
-        par = np.array(self.parent)[self.node_of]  # parent node of each (beam, depth)
-        return np.asarray(par + 1)  # the root (-1) maps to row 0
+        par = np.array(self.parent)[np.maximum(self.node_of, 0)]  # parent node of each (beam, depth)
+        return np.where(self.node_of >= 0, par + 1, 0)  # the root (-1) maps to row 0; padding too
 
 
 class TreeVerifier:

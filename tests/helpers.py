@@ -105,6 +105,19 @@ class FakeLM:
         pass
 
 
+def exact_two_token_joint(target, prompt, cfg) -> np.ndarray:
+    """The exact distribution of the first two tokens a target alone samples after ``prompt``
+    (flattened V x V), for chi-square tests of losslessness."""
+    from mtad_edge.runtime.sampling import filtered_logprobs
+
+    p1 = np.exp(filtered_logprobs(target.logits_for(list(prompt)), cfg))
+    joint = np.zeros((target.n_vocab, target.n_vocab))
+    for a in range(target.n_vocab):
+        if p1[a] > 0:
+            joint[a] = p1[a] * np.exp(filtered_logprobs(target.logits_for([*prompt, a]), cfg))
+    return joint.ravel()
+
+
 def chi2_critical(df: int, z: float = 3.09) -> float:
     """Upper chi-square quantile by Wilson-Hilferty; z = 3.09 is the 0.999 normal quantile."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3

@@ -109,7 +109,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path, smol_files, gemma_files):
     junk.write_bytes(b"not a model")
     cases = [
         (["--target", str(junk), "--aux", str(smol_files.aux)], "not a GGUF file"),
-        (["--target", str(smol_files.target), "--aux", str(gemma_files.aux)], "cannot be paired"),
+        (
+            ["--target", str(smol_files.target), "--aux", str(gemma_files.aux), "--vocab-mismatch", "refuse"],
+            "cannot be paired",
+        ),
         (["--ctx-size", "64", "--max-tokens", "4"], "prompt has"),
     ]
     for extra, needle in cases:

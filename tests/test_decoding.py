@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from helpers import FakeLM, assert_blocks_follow_trees, chi2_critical, chi2_stat, record_trees
-from mtad_edge.runtime.backend import feed
+from helpers import FakeLM, assert_blocks_follow_trees, chi2_critical, chi2_stat, exact_two_token_joint, record_trees
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.decoding import Generation, generate_tokens
 from mtad_edge.runtime.drafter import BeamDrafter
@@ -22,11 +21,12 @@ def run(target, aux, method, **kw):
 
 def test_greedy_sd_and_mtad_equal_greedy_ar(fake_pair):
     target, aux = fake_pair
+    target.n_seq_max = 4 * 5 + 1  # room for the full tree
     ar, _ = run(target, None, "ar", max_tokens=40, sampling=GREEDY)
-    for method in ("sd", "mtad", "mmtad"):
+    for method, tree in (("sd", "final"), ("mtad", "final"), ("mmtad", "final"), ("mmtad", "full")):
         for gamma in (1, 3, 5):
-            out, st = run(target, aux, method, max_tokens=40, gamma=gamma, sampling=GREEDY)
-            assert out == ar, (method, gamma)
+            out, st = run(target, aux, method, max_tokens=40, gamma=gamma, tree=tree, sampling=GREEDY)
+            assert out == ar, (method, gamma, tree)
             assert st.generated == 40
 
 
@@ -40,15 +40,6 @@ def test_ar_is_the_target_greedy_chain(fake_pair):
     assert st.target_calls == 6 and st.block_efficiency == 1.0 and st.drafted == 0
 
 
-def exact_two_token_joint(target, cfg):
-    p1 = np.exp(filtered_logprobs(target.logits_for(PROMPT), cfg))
-    joint = np.zeros((target.n_vocab, target.n_vocab))
-    for a in range(target.n_vocab):
-        if p1[a] > 0:
-            joint[a] = p1[a] * np.exp(filtered_logprobs(target.logits_for(PROMPT + [a]), cfg))
-    return joint.ravel()
-
-
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0, 0, 1.0), SamplingConfig(0.8, 4, 0.9)])
 def test_sd_output_follows_the_target_joint_distribution(sampling):
     """Lossless: the first two tokens from the full sd loop are distributed as under AR."""
@@ -57,7 +48,7 @@ def test_sd_output_follows_the_target_joint_distribution(sampling):
     for seed in range(3000):
         out, _ = run(target, aux, "sd", max_tokens=2, gamma=3, sampling=sampling, seed=seed)
         counts[out[0] * target.n_vocab + out[1]] += 1
-    stat, df = chi2_stat(counts, exact_two_token_joint(target, sampling))
+    stat, df = chi2_stat(counts, exact_two_token_joint(target, PROMPT, sampling))
     assert stat < chi2_critical(df)
 
 
@@ -77,7 +68,7 @@ def test_beam_drafter_log_q_matches_a_fresh_computation():
     rng = np.random.default_rng(0)
     drafter = BeamDrafter(aux, cfg, rng=rng, max_width=4)
     tokens = list(PROMPT)
-    feed(aux, tokens[:-1], logits="none")
+    drafter.start(tokens)
     for _ in range(5):
         d = drafter.propose(tokens, 4, 4, rows=True)
         ctx = list(tokens)
@@ -87,8 +78,8 @@ def test_beam_drafter_log_q_matches_a_fresh_computation():
             assert np.allclose(np.nan_to_num(d.q_rows[i], neginf=-1e9), np.nan_to_num(ref, neginf=-1e9))
             ctx.append(int(x))
         k = int(rng.integers(0, 5))
-        tokens = tokens + [int(t) for t in d.tokens[:k]] + [int(rng.integers(0, 5))]
-        drafter.commit(tokens, k)
+        drafter.commit(k)
+        tokens += [int(t) for t in d.tokens[:k]] + [int(rng.integers(0, 5))]  # the aux context grows with it
         assert aux.seqs[0] == tokens[: len(aux.held(0))]  # committed cache is a prefix
         assert all(not aux.seqs.get(s) for s in range(1, 9))  # beams dropped
 
@@ -98,6 +89,7 @@ def test_greedy_beam_draft_is_the_top_joint_sequence():
     aux = FakeLM(vocab=3, salt=5, n_seq_max=19)
     cfg = SamplingConfig(0.0, 0, 1.0)
     drafter = BeamDrafter(aux, cfg, rng=np.random.default_rng(0), max_width=9)
+    drafter.start(list(PROMPT))
     d = drafter.propose(list(PROMPT), 2, 9)
     best, best_score = None, -np.inf
     score_cfg = SamplingConfig(1.0, 0, 1.0)
@@ -189,14 +181,29 @@ def test_mtad_bonus_token_comes_from_target_at_position_k_plus_1(monkeypatch, fo
         assert stat < chi2_critical(df)
 
 
+@pytest.mark.parametrize("tree", ["final", "full"])
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0, 10, 0.9), SamplingConfig(0.0)])
-def test_mmtad_commits_a_path_of_the_drafted_tree(fake_pair, monkeypatch, sampling):
+def test_mmtad_commits_a_path_of_the_drafted_tree(fake_pair, monkeypatch, sampling, tree):
     target, aux = fake_pair
+    target.n_seq_max = 4 * 4 + 1
     trees = record_trees(monkeypatch)
-    gen = Generation(target, aux, PROMPT, DecodeConfig("mmtad", 200, sampling=sampling, seed=4))
+    gen = Generation(target, aux, PROMPT, DecodeConfig("mmtad", 200, gamma=4, tree=tree, sampling=sampling, seed=4))
     blocks = list(gen)
     assert_blocks_follow_trees(blocks[:-1], trees[:-1], gen.stats.accept_lengths[:-1])
-    assert all(not target.seqs.get(s) for s in range(1, 5))  # only sequence 0 keeps cells
+    assert all(not target.seqs.get(s) for s in range(1, target.n_seq_max))  # only sequence 0 keeps cells
+    if tree == "full" and sampling.temperature:
+        assert any((t < 0).any() for t in trees)  # beams that died early were verified too
+
+
+def test_the_full_tree_accepts_at_least_what_the_final_beams_do():
+    """Every node of the final beams' tree is in the full tree, so on the same drafts the full tree
+    accepts as much or more: over long seeded runs its acceptance is higher."""
+    acc = {}
+    for tree in ("final", "full"):
+        target, aux = FakeLM(salt=1, n_seq_max=17), FakeLM(salt=2, n_seq_max=9)
+        runs = [run(target, aux, "mmtad", max_tokens=300, tree=tree, seed=s)[1] for s in range(3)]
+        acc[tree] = sum(st.accepted for st in runs) / sum(st.drafted for st in runs)
+    assert acc["full"] > acc["final"]
 
 
 def test_mmtad_accepts_more_than_mtad_with_the_same_beams():

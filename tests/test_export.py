@@ -12,6 +12,7 @@ from helpers import common_prefix, hf_greedy  # noqa: E402
 from hfdata import swap_two_tokens  # noqa: E402
 from mtad_edge.cli import cli  # noqa: E402
 from mtad_edge.export import GgufExport, export_gguf  # noqa: E402
+from mtad_edge.export.tokenizers import check_tokenizers  # noqa: E402
 from mtad_edge.loader import ModelOptions, open_pair  # noqa: E402
 from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
 from mtad_edge.runtime.config import DecodeConfig
@@ -72,9 +73,12 @@ def test_smollm2_export_matches_the_hf_model_greedily(hf_smol, tmp_path):
 def test_mismatched_tokenizers_are_refused_before_anything_is_written(hf_tiny, tmp_path):
     other = swap_two_tokens(hf_tiny, tmp_path / "other", "hello", "world")
     out = tmp_path / "never"
-    with pytest.raises(IncompatiblePairError, match=r"token \d+ is '(hello|world)'"):
-        export_gguf(GgufExport(hf_tiny, str(other), out))
+    with pytest.raises(IncompatiblePairError, match=r"token \d+ is '(hello|world)' .*--vocab-mismatch refuse"):
+        export_gguf(GgufExport(hf_tiny, str(other), out, vocab_mismatch="refuse"))
     assert not out.exists()
+    said = []  # by default the same policy as at run time: two swapped tokens leave everything draftable
+    check_tokenizers(hf_tiny, other, "auto", said.append)
+    assert said and "different vocabularies" in said[0] and "100.0% of the target's tokens" in said[0]
 
 
 def test_interrupted_export_leaves_no_manifest(hf_tiny, tmp_path, monkeypatch):

@@ -387,7 +387,7 @@ def test_models_pull_fetches_a_pair_then_list_shows_it_cached(hub_pair, fakehub,
         assert r.exit_code == 0, r.output
         return next(line for line in r.output.splitlines() if line.startswith(hub_pair))
 
-    assert "[remote, 2 MB to download]" in listed()  # the aux's size is unknown until it is pulled
+    assert "[remote, 2 MB + a file of unknown size to download]" in listed()  # the aux's size: unknown until pulled
     r = invoke("models", "pull", "hf:org/a-GGUF:Q4_0")
     assert r.exit_code == 0 and r.output.splitlines()[-1] == f"hf:org/a-GGUF:Q4_0: {hub.cached('hf:org/a-GGUF:Q4_0')}"
     assert "[partly cached, 2 MB to download]" in listed()

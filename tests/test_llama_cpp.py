@@ -149,11 +149,15 @@ def test_mmtad_on_the_real_pair_commits_paths_of_the_drafted_tree(smol_models, m
     assert st.block_efficiency == pytest.approx(st.generated / st.target_calls)
 
 
-def test_compatible_pair_passes_and_incompatible_pair_is_refused(smol_files, gemma_files):
+def test_identical_vocabularies_take_the_fast_path_and_refuse_insists_on_them(smol_files, gemma_files):
     with open_pair(smol_files, ["mtad"], 4, 4, ModelOptions(n_ctx=128)) as ok:
-        assert ok.aux is not None
+        assert ok.aux is not None and ok.vocab is None  # the same vocabulary: no map
     with pytest.raises(IncompatiblePairError, match="vocabulary .* differs"):
-        open_pair(Pair(smol_files.target, gemma_files.aux), ["mtad"], 4, 4, ModelOptions(n_ctx=128))
+        open_pair(
+            Pair(smol_files.target, gemma_files.aux), ["mtad"], 4, 4, ModelOptions(n_ctx=128, vocab_mismatch="refuse")
+        )
+    with open_pair(Pair(smol_files.target, gemma_files.aux), ["mtad"], 4, 4, ModelOptions(n_ctx=128)) as cross:
+        assert cross.vocab is not None  # different vocabularies draft in their shared tokens
 
 
 def test_gemma_pair_generates(gemma_files):

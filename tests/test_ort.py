@@ -13,8 +13,9 @@ from mtad_edge.pairs import Pair, load_manifest, prepare
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.compat import check_pair
 from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.decoding import generate_tokens
+from mtad_edge.runtime.decoding import Generation, generate_tokens
 from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
+from mtad_edge.runtime.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
 HAS_CUDA = "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers()
@@ -47,6 +48,19 @@ def test_auto_gamma_on_onnx_keeps_consistent_histograms(ort_models):
     out, st = generate_tokens(t, a, t.tokenize(PROMPTS[0]), DecodeConfig("mtad", 32, gamma="auto", gamma_max=4, seed=2))
     assert len(out) == st.generated > 0
     assert sum(st.gamma_hist.values()) == st.target_calls and st.drafted == sum(g * n for g, n in st.gamma_hist.items())
+
+
+def test_onnx_target_drafts_with_a_llama_cpp_aux_of_another_family(onnx_pair, gemma_files):
+    """SmolLM2 fp32 on ONNX Runtime, Gemma 3 270M Q4_K_M on llama.cpp: greedy drafting equals ar."""
+    pair = prepare(load_manifest(onnx_pair))
+    with open_pair(Pair(pair.target, gemma_files.aux), ["sd", "mtad"], 4, 4, ModelOptions(n_ctx=256)) as m:
+        assert m.vocab is not None
+        for method in ("sd", "mtad"):
+            ids = m.target.tokenize(PROMPTS[0])
+            greedy = SamplingConfig(temperature=0.0)
+            ar, _ = generate_tokens(m.target, None, ids, DecodeConfig("ar", 24, sampling=greedy))
+            gen = Generation(m.target, m.aux, ids, DecodeConfig(method, 24, gamma=4, sampling=greedy), vocab=m.vocab)
+            assert [t for b in gen for t in b] == ar and gen.stats.drafted > 0
 
 
 def test_rollback_then_decode_equals_fresh_decode_on_onnx(ort_models):

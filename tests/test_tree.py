@@ -26,6 +26,15 @@ def test_tree_merges_shared_prefixes():
     assert rows[1, 2] == 1 + t.node_of[1, 1]
 
 
+def test_beams_that_died_early_are_padded_paths_of_the_full_tree():
+    paths = np.array([[5, 6, 7], [5, 9, 7], [2, -1, -1], [5, 4, -1]])  # two final beams, two dead ends
+    t = TokenTree.from_beams(paths)
+    assert len(t) == 2 + 3 + 2 and t.node_of[2].tolist()[1:] == [-1, -1] and t.node_of[3, 2] == -1
+    assert t.beams[t.node_of[0, 0]] == (0, 1, 3)  # "5" lies on three paths
+    rows = t.parent_rows()
+    assert rows[2].tolist() == [0, 0, 0] and rows[3, 1] == 1 + t.node_of[3, 0]
+
+
 def test_identical_beams_make_a_single_path():
     t = TokenTree.from_beams(np.array([[1, 2], [1, 2]]))
     assert len(t) == 2 and t.beams == [(0, 1), (0, 1)]

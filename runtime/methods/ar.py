@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ..sampling import sample
 from . import Layout, Method
 
 if TYPE_CHECKING:
+    from ..config import DecodeConfig
     from ..decoding import Generation
 
 
@@ -17,7 +18,7 @@ class AR(Method):
     needs_aux = False
     min_auto_gamma = 0
 
-    def layout(self, gamma: int, width: int) -> Layout:
+    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
         return Layout()
 
     def step(self, run: Generation, gamma: int, width: int) -> list[int]:

@@ -3,7 +3,7 @@ the best among the deepest passing prefixes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from . import Layout, Method
 from .ar import plain_step
 
 if TYPE_CHECKING:
+    from ..config import DecodeConfig
     from ..decoding import Generation
 
 
@@ -23,16 +24,18 @@ class MMTAD(Method):
     uses_beams = True
     tree = True
 
-    def layout(self, gamma: int, width: int) -> Layout:
-        # The pending token and up to w x gamma tree nodes; beam b in target sequence 1 + b.
-        return Layout(width + 1, width * gamma + 1, beam_slots(width), beam_cells(width, gamma))
+    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
+        # The pending token and up to w x gamma tree nodes; path b in target sequence 1 + b: the w
+        # final beams, and in the full tree also every beam that died on the way (w x gamma at most).
+        paths = width * gamma if cfg is None or cfg.tree == "full" else width
+        return Layout(paths + 1, width * gamma + 1, beam_slots(width), beam_cells(width, gamma))
 
     def step(self, run: Generation, gamma: int, width: int) -> list[int]:
         if gamma == 0:
             return plain_step(run)
         draft = run.propose(gamma, width)
-        assert draft.beams is not None
-        tree = TokenTree.from_beams(draft.beams)
+        paths = draft.paths(full=run.cfg.tree == "full")  # (n, gamma), -1 past a dead end
+        tree = TokenTree.from_beams(paths)
         verifier = TreeVerifier(run.target)
         with run.timed("verify_s"):
             t0, pending = run.clock(), len(run.tokens) - len(run.target.held(0))
@@ -41,10 +44,10 @@ class MMTAD(Method):
             run.controller.observe_tree(len(draft.tokens), width, len(tree))
             rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
             if run.cfg.sampling.greedy:
-                k, b = greedy_tree_accept(draft.beams, np.argmax(p, axis=-1)[rows])
+                k, b = greedy_tree_accept(paths, np.argmax(p, axis=-1)[rows])
             else:
-                logp_x = p[rows, draft.beams]
+                logp_x = np.where(paths >= 0, p[rows, np.maximum(paths, 0)], -np.inf)
                 k, b = mmtad_accept(np.cumsum(logp_x, axis=1), np.cumsum(draft.logq_x), run.cfg.accept_threshold)
             nxt = sample(p[1 + tree.node_of[b, k - 1] if k else 0], run.rng)
-            verifier.adopt(len(run.tokens), b, k, len(draft.beams))
-        return run.commit(draft.beams[b], k, nxt, beam=b)
+            verifier.adopt(len(run.tokens), b, k, len(paths))
+        return run.commit(paths[b], k, nxt, beam=b)

@@ -3,7 +3,7 @@ acceptance test, one bonus token from the target."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from . import Layout, Method
 from .ar import plain_step
 
 if TYPE_CHECKING:
+    from ..config import DecodeConfig
     from ..decoding import Generation
 
 
@@ -22,7 +23,7 @@ class MTAD(Method):
     summary = "multi-token assisted decoding: beam draft, joint acceptance"
     uses_beams = True
 
-    def layout(self, gamma: int, width: int) -> Layout:
+    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
         return Layout(1, gamma + 1, beam_slots(width), beam_cells(width, gamma))
 
     def step(self, run: Generation, gamma: int, width: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ..drafter import beam_cells, beam_slots
 from ..verify import speculative_verify
@@ -10,6 +10,7 @@ from . import Layout, Method
 from .ar import plain_step
 
 if TYPE_CHECKING:
+    from ..config import DecodeConfig
     from ..decoding import Generation
 
 
@@ -18,7 +19,7 @@ class SD(Method):
     summary = "lossless speculative sampling"
     min_auto_gamma = 0
 
-    def layout(self, gamma: int, width: int) -> Layout:
+    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
         return Layout(1, gamma + 1, beam_slots(1), beam_cells(1, gamma))
 
     def step(self, run: Generation, gamma: int, width: int) -> list[int]:
