@@ -20,7 +20,7 @@ fixed-gamma defaults drafted), so ``--method beam`` works with the default optio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ..drafter import BeamDrafter, beam_cells, beam_slots
 from . import Layout, Method
@@ -39,7 +39,7 @@ class Beam(Method):
     needs_aux = False
     uses_beams = True
 
-    def layout(self, gamma: int, width: int) -> Layout:
+    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
         # Sequence 0 plus two banks of w beams; the pending token plus the beams' cells.
         return Layout(beam_slots(width), beam_cells(width, gamma))
 
@@ -52,11 +52,12 @@ class Beam(Method):
             return plain_step(run)
         # A searcher lives for one window only: between windows it holds no state (sequence 0
         # is the committed text, as after any step), so nothing is kept on the shared method.
-        search = BeamDrafter(run.target, run.cfg.sampling, run.rng, width)
+        search = BeamDrafter(run.target, run.cfg.sampling, run.rng, width, clock=run.clock)
         with run.timed("verify_s"):
+            search.start(run.tokens)  # sequence 0 already holds all but the pending token
             draft = search.propose(run.tokens, gamma, width)
             window = [int(t) for t in draft.tokens]
             run.stats.target_calls += len(window)  # the pending token's pass, then one per depth
             # Sequence 0 adopts x_1..x_{gamma-1} of the best beam; x_gamma is the new pending token.
-            search.commit(run.tokens + window, len(window) - 1)
+            search.commit(len(window) - 1)
         return window
