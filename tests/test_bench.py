@@ -295,3 +295,27 @@ def test_report_and_quality_plot_from_aggregates(tmp_path):
     assert "| sd | 4: 8 | – | – | 50.0 |" in md  # a fixed gamma beside the adaptive one
     png = plot_quality(tmp_path, results)
     assert png is not None and png.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.slow
+def test_bench_reports_drafting_across_vocabularies(tmp_path, gemma_files, smol_files):
+    """An aux with another tokenizer: each drafting run records the share of its tokens the aux
+    could draft and the re-tokenisations; the aggregate weights the share by length, ar has none."""
+    out, prompts = tmp_path / "out", tmp_path / "raw.jsonl"  # this Gemma GGUF has no chat template
+    prompts.write_text('{"prompt": "The three primary colors are"}\n{"prompt": "def fibonacci(n):"}\n')
+    args = ["bench", "--prompts", str(prompts), "--max-tokens", "10", "--out", str(out)]
+    args += ["--target", str(gemma_files.target), "--aux", str(smol_files.aux), "--methods", "ar,sd,mtad"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    for run in res["runs"]:
+        if run["method"] == "ar":
+            assert "vocab_mapped_share" not in run
+        else:
+            assert 0.5 < run["vocab_mapped_share"] <= 1 and run["vocab_resyncs"] >= 0
+    for m in ("sd", "mtad"):
+        mine = [x for x in res["runs"] if x["method"] == m]
+        want = sum(x["vocab_mapped_share"] * x["generated"] for x in mine) / sum(x["generated"] for x in mine)
+        assert res["methods"][m]["vocab_mapped_share"] == pytest.approx(want)
+    assert res["methods"]["ar"]["vocab_mapped_share"] is None
+    assert "Across vocabularies" in (out / "report.md").read_text()

@@ -50,6 +50,7 @@ def report_markdown(results: dict) -> str:
         )
     lines += _quality_tables(results)
     lines += _controller_table(methods)
+    lines += _vocab_table(methods)
     native = results.get("native")
     if native:
         lines += [
@@ -146,15 +147,31 @@ def _controller_table(methods: dict) -> list[str]:
         "",
         "Drafting choices (target calls per gamma / width):",
         "",
-        "| variant | gamma histogram | width histogram | predicted tok/s | realised tok/s |",
-        "|---|---|---|---|---|",
+        "| variant | gamma histogram | width histogram | predicted tok/s | realised tok/s | controller time |",
+        "|---|---|---|---|---|---|",
     ]
     for m, a in rows:
         hist = lambda h: ", ".join(f"{k}: {n}" for k, n in (h or {}).items()) or "–"  # noqa: E731
         lines.append(
             f"| {m} | {hist(a.get('gamma_hist'))} | {hist(a.get('width_hist'))} "
-            f"| {_fmt(a.get('predicted_tokens_per_s'), '.1f')} | {_fmt(a['tokens_per_s'], '.1f')} |"
+            f"| {_fmt(a.get('predicted_tokens_per_s'), '.1f')} | {_fmt(a['tokens_per_s'], '.1f')} "
+            f"| {_fmt(_share(a.get('controller_s'), a.get('decode_s')), '.2%')} of decoding |"
         )
+    return lines
+
+
+def _share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
+    return part / whole if part is not None and whole else None
+
+
+def _vocab_table(methods: dict) -> list[str]:
+    """Drafting across vocabularies: the share of generated tokens the aux could draft, resyncs."""
+    rows = [(m, a) for m, a in methods.items() if a.get("vocab_mapped_share") is not None]
+    if not rows:
+        return []
+    lines = ["", "Across vocabularies (aux with another tokenizer):", ""]
+    lines += ["| variant | generated tokens the aux can draft | re-tokenisations |", "|---|---|---|"]
+    lines += [f"| {m} | {_fmt(a['vocab_mapped_share'], '.1%')} | {a['vocab_resyncs']} |" for m, a in rows]
     return lines
 
 

@@ -127,14 +127,16 @@ def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: Ener
         "j_per_token": energy / n if energy is not None and n else None,
         "accept_lengths": st.accept_lengths,
         "finish_reason": st.finish_reason,
-        **{k: extra[k] for k in CONTROLLER_KEYS if extra.get(k) is not None},
+        **{k: extra[k] for k in CONTROLLER_KEYS + VOCAB_KEYS if extra.get(k) is not None},
         **run_counts(tokens),
         "tokens": tokens,
     }
 
 
-# Stats of the adaptive-drafting controller (gamma/width "auto"): passed through when present.
-CONTROLLER_KEYS = ("gamma_hist", "width_hist", "predicted_tokens_per_s")
+# Stats of the adaptive-drafting controller (gamma/width "auto") and of drafting across
+# vocabularies (an aux with another tokenizer): passed through when present.
+CONTROLLER_KEYS = ("gamma_hist", "width_hist", "predicted_tokens_per_s", "controller_s")
+VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 
 
 def run_bench(
@@ -187,6 +189,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             for k in r["accept_lengths"]:
                 hist[str(k)] = hist.get(str(k), 0) + 1
         predicted = [r["predicted_tokens_per_s"] for r in mine if r.get("predicted_tokens_per_s") is not None]
+        mapped = [(r["vocab_mapped_share"], r["generated"]) for r in mine if r.get("vocab_mapped_share") is not None]
         v = (variants or {}).get(label)
         out[label] = {
             "method": mine[0]["method"],
@@ -214,6 +217,12 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             "gamma_hist": _hist(mine, "gamma_hist"),
             "width_hist": _hist(mine, "width_hist"),
             "predicted_tokens_per_s": statistics.median(predicted) if predicted else None,
+            "controller_s": sum(r.get("controller_s", 0.0) for r in mine),
+            "decode_s": _total(mine, "decode_s"),
+            # Across vocabularies: the share of generated tokens the aux could draft (weighted by
+            # length) and how often target text was re-tokenised for the aux.
+            "vocab_mapped_share": sum(s * n for s, n in mapped) / max(sum(n for _, n in mapped), 1) if mapped else None,
+            "vocab_resyncs": sum(r.get("vocab_resyncs", 0) for r in mine) if mapped else None,
             **quality(mine),
         }
     return out
