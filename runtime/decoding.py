@@ -156,9 +156,9 @@ class Generation:
         gamma or width gets the adaptive one, choosing from the ranges the method allows."""
         cfg, m = self.cfg, self.method
         fixed_width = 1 if not m.uses_beams else cfg.beam_width if isinstance(cfg.beam_width, int) else None
-        if not m.needs_aux:
-            self.max_gamma, self.max_width = 0, 1
-            return FixedController(0, 1)
+        if not m.needs_aux:  # nothing drafts, so nothing adapts: ar, or beam's own windows on the target
+            self.max_gamma, self.max_width = m.fixed_plan(cfg)
+            return FixedController(self.max_gamma, self.max_width)
         self.max_gamma = cfg.max_gamma
         self.max_width = fixed_width or self._width_capacity()
         if not cfg.adaptive:

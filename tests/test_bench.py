@@ -129,7 +129,7 @@ def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):
     assert r.exit_code == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("methods", ["beam", "ar,nope", ","])
+@pytest.mark.parametrize("methods", ["beams", "ar,nope", ","])
 def test_bad_methods_are_usage_errors(methods):
     r = CliRunner().invoke(cli, ["bench", "--methods", methods])
     assert r.exit_code == 2 and "--methods" in r.output
@@ -197,3 +197,125 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
     spec = native["speculative-simple temp 0, draft 4"]
     assert spec["tokens_per_s"] == pytest.approx(80.0) and spec["acceptance_rate"] == pytest.approx(0.75)
     assert "Native llama.cpp" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_files):
+    """--gammas, --ar-temperatures and --variant expand into labelled variants on the same prompts
+    and seeds; every variant gets pooled quality figures and a place against the ar curve."""
+    from mtad_edge.bench.quality import run_counts
+
+    out = tmp_path / "out"
+    args = ["bench", "--prompts", str(_prompts(tmp_path)), "--max-tokens", "12", "--out", str(out)]
+    args += ["--methods", "ar,mtad,beam", "--gammas", "2,auto", "--ar-temperatures", "1,0.5"]
+    args += ["--variant", "mmtad w=2 thr=0.3"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert "'ar T=1' is the same request as 'ar'" in r.stderr
+    res = json.loads((out / "results.json").read_text())
+    labels = ["ar", "mtad g=2", "mtad g=auto", "beam g=2", "beam g=auto", "ar T=0.5", "mmtad w=2 thr=0.3"]
+    assert list(res["methods"]) == labels and [v["label"] for v in res["variants"]] == labels
+    assert res["variants"][6] == {
+        "label": labels[6],
+        "method": "mmtad",
+        "options": {"beam_width": 2, "accept_threshold": 0.3},
+    }
+    runs = res["runs"]
+    assert len(runs) == 2 * len(labels)
+    for run in runs:
+        assert run["generated"] == len(run["tokens"]) and run_counts(run["tokens"]).items() <= run.items()
+    for label, agg in res["methods"].items():
+        mine = [x for x in runs if x["label"] == label]
+        assert {x["seed"] for x in mine} == {x["seed"] for x in runs}  # the same seeds for every variant
+        assert agg["method"] == mine[0]["method"] and agg["temperature"] == (0.5 if label == "ar T=0.5" else 1.0)
+        ngrams = sum(x["ngrams_2"] for x in mine)
+        assert agg["distinct_2"] == pytest.approx(sum(x["unique_2"] for x in mine) / ngrams)
+        assert agg["mean_length"] == pytest.approx(sum(x["generated"] for x in mine) / 2)
+        assert 0 <= agg["rep_4"] <= 1 and 0 < agg["distinct_1"] <= 1 and "se" in agg
+    for x in runs:
+        if x["method"] == "beam":
+            gamma = 2 if x["label"] == "beam g=2" else 4  # 'auto': beam's fixed window of 4
+            assert x["target_calls"] == gamma * -(-x["generated"] // gamma) or x["finish_reason"] == "stop"
+            assert x["drafted"] == 0 and x["accept_lengths"] == []
+    auto, fixed = res["methods"]["mtad g=auto"], res["methods"]["mtad g=2"]
+    assert sum(auto["gamma_hist"].values()) == auto["target_calls"] and auto["predicted_tokens_per_s"] > 0
+    assert fixed["gamma_hist"] == {"2": fixed["target_calls"]} and fixed["predicted_tokens_per_s"] is None
+    assert res["methods"]["beam g=auto"]["width_hist"] is None or res["methods"]["beam g=auto"]["width_hist"] == {}
+    front = res["frontier"]
+    assert [p["label"] for p in front["curve"]] == sorted(["ar", "ar T=0.5"], key=lambda k: res["methods"][k]["ppl"])
+    assert set(front["variants"]) == set(labels) - {"ar", "ar T=0.5"}
+    for p in front["variants"].values():
+        assert p["verdict"] in ("beyond", "behind", "mixed", "outside")
+    md = (out / "report.md").read_text()
+    assert "| beam g=auto |" in md and "distinct-2" in md and "ar T at same PPL" in md and "| mtad g=auto |" in md
+    for png in ("bench.png", "quality.png", "gammas.png"):
+        assert (out / png).read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (["--gammas", "2,0"], "--gammas"),
+        (["--ar-temperatures", "1,hot"], "--ar-temperatures"),
+        (["--variant", "mtad zz=1"], "--variant"),
+    ],
+)
+def test_bad_variant_options_are_usage_errors(args, hint):
+    r = CliRunner().invoke(cli, ["bench", *args])
+    assert r.exit_code == 2 and hint in r.output
+
+
+def test_report_and_quality_plot_from_aggregates(tmp_path):
+    """report.md's quality and frontier tables and quality.png, from hand-made aggregates."""
+    from mtad_edge.bench.quality import frontier
+    from mtad_edge.bench.report import plot_quality, report_markdown
+
+    def agg(method, t, ppl, d2, r4, **extra):
+        speed = {"tokens_per_s": 50.0, "tokens_per_s_min": 49.0, "tokens_per_s_max": 51.0, "ttft_s": 0.01}
+        rates = {"block_efficiency": 1.0, "acceptance_rate": None, "cpu_s_per_token": 0.02, "j_per_token": None}
+        figures = {"distinct_1": 0.5, "distinct_2": d2, "distinct_3": 0.9, "rep_4": r4, "mean_length": 90.0}
+        se = {"se": {"ppl": 0.05, "distinct_2": 0.01, "rep_4": 0.01}}
+        return {"method": method, "temperature": t, "ppl": ppl, "peak_rss_mb": 300, **speed, **rates, **figures,
+                **se, "accept_length_hist": {}, **extra}  # fmt: skip
+
+    methods = {
+        "ar": agg("ar", 1.0, 3.0, 0.85, 0.05),
+        "ar T=0.6": agg("ar", 0.6, 2.0, 0.75, 0.13),
+        "mtad": agg("mtad", 1.0, 2.2, 0.70, 0.16, gamma_hist={"2": 3, "4": 5}, predicted_tokens_per_s=60.0),
+        "sd": agg("sd", 1.0, 3.0, 0.85, 0.05, gamma_hist={"4": 8}, predicted_tokens_per_s=None),
+        "beam T=0": agg("beam", 0.0, 1.5, 0.5, 0.3),
+    }
+    cfg = {"prompts": 8, "repeats": 3, "max_tokens": 96, "temperature": 1.0, "top_k": 10, "top_p": 0.9, "gamma": 4}
+    cfg |= {"beam_width": 4, "accept_threshold": 0.5, "threads": 2}
+    results = {"pair": {"name": "fake"}, "config": cfg, "methods": methods, "frontier": frontier(methods)}
+    md = report_markdown(results)
+    assert "| mtad | 1 | 2.20 ± 0.05 | 0.500 | 0.700 ± 0.010 | 0.900 | 0.160 ± 0.010 | 90.0 |" in md
+    assert "| mtad | 2.20 | 0.68 | 0.700 (0.770, -0.070*) | 0.160 (0.114, +0.046*) | behind |" in md
+    assert "| beam T=0 | 1.50 | < 0.6 (lowest PPL) |" in md and "| mtad | 2: 3, 4: 5 | – | 60.0 | 50.0 |" in md
+    assert "| sd | 4: 8 | – | – | 50.0 |" in md  # a fixed gamma beside the adaptive one
+    png = plot_quality(tmp_path, results)
+    assert png is not None and png.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.slow
+def test_bench_reports_drafting_across_vocabularies(tmp_path, gemma_files, smol_files):
+    """An aux with another tokenizer: each drafting run records the share of its tokens the aux
+    could draft and the re-tokenisations; the aggregate weights the share by length, ar has none."""
+    out, prompts = tmp_path / "out", tmp_path / "raw.jsonl"  # this Gemma GGUF has no chat template
+    prompts.write_text('{"prompt": "The three primary colors are"}\n{"prompt": "def fibonacci(n):"}\n')
+    args = ["bench", "--prompts", str(prompts), "--max-tokens", "10", "--out", str(out)]
+    args += ["--target", str(gemma_files.target), "--aux", str(smol_files.aux), "--methods", "ar,sd,mtad"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    for run in res["runs"]:
+        if run["method"] == "ar":
+            assert "vocab_mapped_share" not in run
+        else:
+            assert 0.5 < run["vocab_mapped_share"] <= 1 and run["vocab_resyncs"] >= 0
+    for m in ("sd", "mtad"):
+        mine = [x for x in res["runs"] if x["method"] == m]
+        want = sum(x["vocab_mapped_share"] * x["generated"] for x in mine) / sum(x["generated"] for x in mine)
+        assert res["methods"][m]["vocab_mapped_share"] == pytest.approx(want)
+    assert res["methods"]["ar"]["vocab_mapped_share"] is None
+    assert "Across vocabularies" in (out / "report.md").read_text()

@@ -44,7 +44,7 @@ def invoke(*args):
         (["--accept-threshold", "1.5"], "--accept-threshold"),
         (["--beam-width", "0"], "--beam-width"),
         (["--max-tokens", "0"], "--max-tokens"),
-        (["--method", "beam"], "--method"),
+        (["--method", "beams"], "--method"),
         (["--top-k", "-2"], "--top-k"),
     ],
 )

@@ -143,7 +143,7 @@ def test_generation_stops_when_context_is_full():
         dict(accept_threshold=0.0),
         dict(accept_threshold=1.1),
         dict(max_tokens=0),
-        dict(method="beam"),
+        dict(method="beams"),
     ],
 )
 def test_invalid_decode_config(kw):

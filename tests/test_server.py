@@ -201,7 +201,7 @@ def test_client_disconnect_mid_stream_frees_the_server(server, client):
         ({"messages": []}, 400, "non-empty list"),
         ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p"),
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
-        ({"messages": [{"role": "user", "content": "hi"}], "method": "beam"}, 400, "method"),
+        ({"messages": [{"role": "user", "content": "hi"}], "method": "beams"}, 400, "method"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n=1"),
         ({"messages": [{"role": "user", "content": "hi"}], "gamma": 9}, 400, "gamma <= 8"),  # the default gamma_max
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "body over"),

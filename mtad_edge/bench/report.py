@@ -1,4 +1,5 @@
-"""Writing a benchmark out: results.json, report.md, bench.png (and sweep.png for --sweep)."""
+"""Writing a benchmark out: results.json, report.md, bench.png, quality.png (and gammas.png for
+--gammas, sweep.png for --sweep)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ def report_markdown(results: dict) -> str:
     lines = [
         f"# mtad-edge bench: {results['pair']['name']}",
         "",
-        f"{cfg['prompts']} prompts x {cfg['repeats']} repeats, max {cfg['max_tokens']} tokens, "
+        f"{cfg['prompts']} prompts x {cfg['repeats']} repeats (seeds shared by every variant), "
+        f"max {cfg['max_tokens']} tokens, "
         f"temperature {cfg['temperature']}, "
         f"top-k {cfg['top_k']}, top-p {cfg['top_p']}, gamma {cfg['gamma']}, beam width {cfg['beam_width']}, "
         f"threshold {cfg['accept_threshold']}, {cfg['threads']} threads.",
         "",
-        "| method | tok/s (min-max) | x ar | x sd | TTFT s | block eff. | acceptance | PPL | PPL x ar "
+        "| variant | tok/s (min-max) | x ar | x sd | TTFT s | block eff. | acceptance | PPL | PPL x ar "
         "| CPU s/tok | J/tok | peak RSS MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -46,6 +48,9 @@ def report_markdown(results: dict) -> str:
             f"| {_fmt(a['j_per_token'], '.3f', 'n/a (no GPU)')} "
             f"| {_fmt(a['peak_rss_mb'], '.0f')} |"
         )
+    lines += _quality_tables(results)
+    lines += _controller_table(methods)
+    lines += _vocab_table(methods)
     native = results.get("native")
     if native:
         lines += [
@@ -64,22 +69,110 @@ def report_markdown(results: dict) -> str:
             "",
             "MTAD sweep (one parameter at a time around the defaults):",
             "",
-            "| threshold | gamma | beam width | tok/s | block eff. | acceptance | PPL |",
-            "|---|---|---|---|---|---|---|",
+            "| threshold | gamma | beam width | tok/s | block eff. | acceptance | PPL | distinct-2 | rep-4 |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for s in results["sweep"]:
             lines.append(
                 f"| {s['accept_threshold']} | {s['gamma']} | {s['beam_width']} | {_fmt(s['tokens_per_s'], '.1f')} "
-                f"| {_fmt(s['block_efficiency'])} | {_fmt(s['acceptance_rate'], '.1%')} | {_fmt(s['ppl'])} |"
+                f"| {_fmt(s['block_efficiency'])} | {_fmt(s['acceptance_rate'], '.1%')} | {_fmt(s['ppl'])} "
+                f"| {_fmt(s.get('distinct_2'), '.3f')} | {_fmt(s.get('rep_4'), '.3f')} |"
             )
     lines += [
         "",
         "tok/s: generated tokens per second of decoding (prompt prefill excluded), median over repeats. "
         "Block efficiency: generated tokens / target calls. PPL: exp(-mean log p_target(token | prefix)) "
-        "under the target's raw logits, scored the same way for every method.",
+        "under the target's raw logits, scored the same way for every method. distinct-n: unique token n-grams / "
+        "n-grams of an output; rep-4: share of an output's token 4-grams already seen earlier in it; both pooled "
+        "over runs (± one bootstrap standard error over runs).",
         "",
     ]
     return "\n".join(lines)
+
+
+def _pm(agg: dict, key: str, spec: str = ".3f") -> str:
+    se = (agg.get("se") or {}).get(key)
+    return _fmt(agg.get(key), spec) + ("" if se is None else f" ± {format(se, spec)}")
+
+
+def _quality_tables(results: dict) -> list[str]:
+    """Diversity and repetition per variant; then each variant against plain decoding's curve."""
+    methods = results["methods"]
+    if not any(a.get("distinct_2") is not None for a in methods.values()):
+        return []
+    lines = [
+        "",
+        "Quality (PPL under the target; diversity and repetition over token ids):",
+        "",
+        "| variant | T | PPL | distinct-1 | distinct-2 | distinct-3 | rep-4 | mean length |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, a in methods.items():
+        lines.append(
+            f"| {m} | {_fmt(a.get('temperature'), 'g')} | {_pm(a, 'ppl', '.2f')} | {_fmt(a.get('distinct_1'), '.3f')} "
+            f"| {_pm(a, 'distinct_2')} | {_fmt(a.get('distinct_3'), '.3f')} | {_pm(a, 'rep_4')} "
+            f"| {_fmt(a.get('mean_length'), '.1f')} |"
+        )
+    front = results.get("frontier") or {}
+    if front.get("variants"):
+        curve = ", ".join(f"T={p['temperature']:g}: {p['ppl']:.2f}" for p in front["curve"])
+        lines += [
+            "",
+            f"Against plain decoding at the same PPL (the ar curve, PPL by temperature: {curve}). "
+            "Beyond: more diverse (distinct-2 higher) *and* repeating less (rep-4 lower) than plain decoding "
+            "at that PPL; behind: both worse. A gap marked * exceeds two combined standard errors.",
+            "",
+            "| variant | PPL | ar T at same PPL | distinct-2 (ar there) | rep-4 (ar there) | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        for m, p in front["variants"].items():
+            a = methods[m]
+            t = p["matched_temperature"]
+            t_txt = {"at": f"{t:.2f}", "below": f"< {t:g} (lowest PPL)", "above": f"> {t:g} (highest PPL)"}
+            cells = [
+                f"{a[k]:.3f} ({p['curve_' + k]:.3f}, {p[k + '_gap']:+.3f}{'*' if p['clear'].get(k) else ''})"
+                for k in ("distinct_2", "rep_4")
+            ]
+            ppl, verdict = _fmt(a["ppl"], ".2f"), p["verdict"]
+            lines.append(f"| {m} | {ppl} | {t_txt[p['ppl_range']]} | {cells[0]} | {cells[1]} | {verdict} |")
+    return lines
+
+
+def _controller_table(methods: dict) -> list[str]:
+    """The adaptive controller's choices (gamma/width histograms, predicted vs realised speed)."""
+    rows = [(m, a) for m, a in methods.items() if any(k != "0" for k in a.get("gamma_hist") or {})]  # drafting
+    if not any(a.get("predicted_tokens_per_s") is not None for _, a in rows):  # nothing adaptive ran
+        return []
+    lines = [
+        "",
+        "Drafting choices (target calls per gamma / width):",
+        "",
+        "| variant | gamma histogram | width histogram | predicted tok/s | realised tok/s | controller time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, a in rows:
+        hist = lambda h: ", ".join(f"{k}: {n}" for k, n in (h or {}).items()) or "–"  # noqa: E731
+        lines.append(
+            f"| {m} | {hist(a.get('gamma_hist'))} | {hist(a.get('width_hist'))} "
+            f"| {_fmt(a.get('predicted_tokens_per_s'), '.1f')} | {_fmt(a['tokens_per_s'], '.1f')} "
+            f"| {_fmt(_share(a.get('controller_s'), a.get('decode_s')), '.2%')} of decoding |"
+        )
+    return lines
+
+
+def _share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
+    return part / whole if part is not None and whole else None
+
+
+def _vocab_table(methods: dict) -> list[str]:
+    """Drafting across vocabularies: the share of generated tokens the aux could draft, resyncs."""
+    rows = [(m, a) for m, a in methods.items() if a.get("vocab_mapped_share") is not None]
+    if not rows:
+        return []
+    lines = ["", "Across vocabularies (aux with another tokenizer):", ""]
+    lines += ["| variant | generated tokens the aux can draft | re-tokenisations |", "|---|---|---|"]
+    lines += [f"| {m} | {_fmt(a['vocab_mapped_share'], '.1%')} | {a['vocab_resyncs']} |" for m, a in rows]
+    return lines
 
 
 def _pyplot():
@@ -129,6 +222,9 @@ def plot_bench(out: Path, results: dict) -> Optional[Path]:
         ax[1, 0].text(0.5, 0.5, "no drafting method ran", ha="center", transform=ax[1, 0].transAxes)
     ax[1, 1].bar(names, [methods[m]["ppl"] or 0 for m in names], color="tab:orange")
     ax[1, 1].set(title="PPL of the output under the target", ylabel="perplexity")
+    if len(names) > 4:
+        for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
+            a.tick_params(axis="x", labelrotation=45, labelsize=7)
     fig.suptitle(f"mtad-edge bench: {results['pair']['name']}")
     fig.tight_layout()
     path = out / "bench.png"
@@ -156,6 +252,79 @@ def plot_sweep(out: Path, sweep: list[dict]) -> Optional[Path]:
     ax.set(xlabel="tokens / s", ylabel="PPL (lower is better)", title="MTAD: speed vs PPL")
     ax.legend()
     path = out / "sweep.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_quality(out: Path, results: dict) -> Optional[Path]:
+    """PPL against distinct-2 and against rep-4: plain decoding's temperature curve as a line,
+    every other variant as a point (error bars: one standard error)."""
+    plt = _pyplot()
+    methods = results["methods"]
+    if plt is None or not any(a.get("distinct_2") is not None for a in methods.values()):
+        return None
+    curve = (results.get("frontier") or {}).get("curve") or []
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    for ax, key, name, better in (
+        (axes[0], "distinct_2", "distinct-2", "up: more diverse"),
+        (axes[1], "rep_4", "rep-4", "down: repeats less"),
+    ):
+        if curve:
+            ax.plot([p["ppl"] for p in curve], [p[key] for p in curve], "o-", color="gray", label="ar (temperature)")
+            for p in curve:
+                ax.annotate(
+                    f"T={p['temperature']:g}",
+                    (p["ppl"], p[key]),
+                    fontsize=7,
+                    color="gray",
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
+        for label, a in methods.items():
+            if a.get("method") == "ar" or a.get(key) is None or a.get("ppl") is None:
+                continue
+            se = a.get("se") or {}
+            ax.errorbar(a["ppl"], a[key], xerr=se.get("ppl"), yerr=se.get(key), fmt="o", capsize=3, label=label)
+            ax.annotate(label, (a["ppl"], a[key]), fontsize=7, xytext=(3, -9), textcoords="offset points")
+        ax.set(xlabel="PPL under the target (lower: more likely text)", ylabel=name, title=f"PPL vs {name} ({better})")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
+    fig.suptitle(f"mtad-edge bench: quality against plain decoding, {results['pair']['name']}")
+    fig.tight_layout()
+    path = out / "quality.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_gammas(out: Path, results: dict) -> Optional[Path]:
+    """tok/s and PPL against a fixed gamma per method, 'auto' as a dashed line (--gammas)."""
+    plt = _pyplot()
+    methods = results["methods"]
+    by_method: dict[str, list[tuple[object, dict]]] = {}
+    for a in methods.values():
+        g = a.get("options", {}).get("gamma")
+        if g is not None and set(a["options"]) == {"gamma"}:
+            by_method.setdefault(a["method"], []).append((g, a))
+    if plt is None or not by_method:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for i, (m, pts) in enumerate(by_method.items()):
+        color = f"C{i}"
+        fixed = sorted((g, a) for g, a in pts if isinstance(g, int))
+        for ax, key in ((axes[0], "tokens_per_s"), (axes[1], "ppl")):
+            ax.plot([g for g, _ in fixed], [a[key] for _, a in fixed], "o-", color=color, label=m)
+            for g, a in pts:
+                if not isinstance(g, int) and a.get(key) is not None:
+                    ax.axhline(a[key], ls="--", color=color, label=f"{m} g={g}")
+    for ax, title in ((axes[0], "tokens / s (decode)"), (axes[1], "PPL under the target")):
+        ax.set(xlabel="gamma", title=title)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"mtad-edge bench: fixed gamma vs auto, {results['pair']['name']}")
+    fig.tight_layout()
+    path = out / "gammas.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -1,8 +1,8 @@
-"""The benchmark loop: every method on every prompt, repeated, measured the same way."""
+"""The benchmark loop: every variant (a method with request options) on every prompt, repeated,
+measured the same way."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mtad_edge.bench.energy import EnergyMeter
+from mtad_edge.bench.quality import quality, run_counts
+from mtad_edge.bench.variants import Variant
 from mtad_edge.engine import Engine
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError
@@ -23,25 +25,33 @@ from mtad_edge.runtime.errors import MtadEdgeError
 
 @dataclass(frozen=True)
 class BenchConfig:
-    methods: tuple[str, ...] = ("ar", "sd", "mtad")
+    variants: tuple[Variant, ...] = (Variant("ar", "ar"), Variant("sd", "sd"), Variant("mtad", "mtad"))
     repeats: int = 1
-    decode: DecodeConfig = field(default_factory=DecodeConfig)  # method is set per run
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the base; each variant overrides it
 
-    def for_method(self, method: str, seed: int, **changes) -> DecodeConfig:
-        return dataclasses.replace(self.decode, method=method, seed=seed, **changes)
+    @classmethod
+    def of_methods(cls, methods: tuple[str, ...], **kw: Any) -> BenchConfig:
+        return cls(variants=tuple(Variant(m, m) for m in methods), **kw)
+
+
+# Packaged prompt sets, by name: the default mix (chat, code, explanation, story) and the open-ended
+# set the quality frontier is measured on (8 prompts where diversity and repetition show).
+PROMPT_SETS = {"default": "prompts.jsonl", "quality": "quality.jsonl"}
 
 
 def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
-    """JSONL: one object per line with ``prompt`` (raw text) or ``messages`` (chat); optional ``id``."""
-    if path is None:
-        text = resources.files("mtad_edge.data").joinpath("prompts.jsonl").read_text()
-        where = "built-in prompts"
+    """JSONL: one object per line with ``prompt`` (raw text) or ``messages`` (chat); optional ``id``.
+    ``path`` may also name a packaged set (``default``, ``quality``); None is ``default``."""
+    name = "default" if path is None else str(path)
+    if name in PROMPT_SETS and not Path(name).exists():
+        text = resources.files("mtad_edge.data").joinpath(PROMPT_SETS[name]).read_text()
+        where = f"built-in prompts {name!r}"
     else:
         try:
-            text = Path(path).read_text()
+            text = Path(name).read_text()
         except OSError as e:
-            raise MtadEdgeError(f"cannot read prompts file {path}: {e.strerror}") from None
-        where = str(path)
+            raise MtadEdgeError(f"cannot read prompts file {name}: {e.strerror}") from None
+        where = name
     items: list[dict[str, Any]] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -77,7 +87,8 @@ def _peak_rss_mb() -> float:
 
 
 def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: EnergyMeter) -> dict[str, Any]:
-    """One request with every per-run figure; PPL is scored afterwards, outside the timing."""
+    """One request with every per-run figure; PPL and the n-gram counts are computed afterwards,
+    outside the timing."""
     cpu0 = _cpu_s()
     meter.start()
     response = engine.generate(render(engine, item), **cfg.as_options())
@@ -87,8 +98,10 @@ def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: Ener
     st, tokens = response.stats, response.tokens
     logp = engine.score(response.prompt_ids, tokens)
     n = len(tokens)
+    extra = st.to_dict()  # the adaptive controller's fields, on runtimes that have it
     return {
         "method": cfg.method,
+        "temperature": cfg.sampling.temperature,
         "seed": st.seed,
         "prompt_tokens": response.prompt_tokens,
         "generated": n,
@@ -114,22 +127,30 @@ def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: Ener
         "j_per_token": energy / n if energy is not None and n else None,
         "accept_lengths": st.accept_lengths,
         "finish_reason": st.finish_reason,
+        **{k: extra[k] for k in CONTROLLER_KEYS + VOCAB_KEYS if extra.get(k) is not None},
+        **run_counts(tokens),
         "tokens": tokens,
     }
+
+
+# Stats of the adaptive-drafting controller (gamma/width "auto") and of drafting across
+# vocabularies (an aux with another tokenizer): passed through when present.
+CONTROLLER_KEYS = ("gamma_hist", "width_hist", "predicted_tokens_per_s", "controller_s")
+VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 
 
 def run_bench(
     engine: Engine, prompts: list[dict[str, Any]], cfg: BenchConfig, progress: Callable[[int], None] = lambda n: None
 ) -> list[dict[str, Any]]:
-    """Rows for repeats x prompts x methods. Within a repeat every method gets the same seed."""
+    """Rows for repeats x prompts x variants. Within a repeat every variant gets the same seed."""
     meter = EnergyMeter()
     rows = []
     for rep in range(cfg.repeats):
         for i, item in enumerate(prompts):
             seed = (cfg.decode.seed or 0) + 1000 * rep + i
-            for method in cfg.methods:
-                row = measure(engine, item, cfg.for_method(method, seed), meter)
-                rows.append({"prompt_id": item["id"], "repeat": rep, **row})
+            for v in cfg.variants:
+                row = measure(engine, item, v.config(cfg.decode, seed), meter)
+                rows.append({"label": v.label, "prompt_id": item["id"], "repeat": rep, **row})
                 progress(1)
     return rows
 
@@ -138,11 +159,24 @@ def _total(rows, key):
     return sum(r[key] for r in rows)
 
 
-def aggregate(rows: list[dict]) -> dict:
-    """Per method: medians and spread over repeats for speed, totals for rates and PPL."""
+def _hist(rows: list[dict], key: str) -> Optional[dict[str, int]]:
+    """Sum of the runs' histograms (keys as strings, sorted by value); None when no run has one."""
+    found = [r[key] for r in rows if r.get(key) is not None]
+    if not found:
+        return None
+    total: dict[str, int] = {}
+    for h in found:
+        for k, n in h.items():
+            total[str(k)] = total.get(str(k), 0) + n
+    return dict(sorted(total.items(), key=lambda kv: float(kv[0]) if kv[0].isdigit() else math.inf))
+
+
+def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -> dict:
+    """Per variant label: medians and spread over repeats for speed, totals for rates and PPL,
+    pooled quality figures (distinct-n, rep-4, mean length) with their standard errors."""
     out = {}
-    for method in dict.fromkeys(r["method"] for r in rows):
-        mine = [r for r in rows if r["method"] == method]
+    for label in dict.fromkeys(r.get("label", r["method"]) for r in rows):
+        mine = [r for r in rows if r.get("label", r["method"]) == label]
         reps = sorted({r["repeat"] for r in mine})
         speeds = [
             _total(rr, "generated") / max(_total(rr, "decode_s"), 1e-12)
@@ -154,7 +188,13 @@ def aggregate(rows: list[dict]) -> dict:
         for r in mine:
             for k in r["accept_lengths"]:
                 hist[str(k)] = hist.get(str(k), 0) + 1
-        out[method] = {
+        predicted = [r["predicted_tokens_per_s"] for r in mine if r.get("predicted_tokens_per_s") is not None]
+        mapped = [(r["vocab_mapped_share"], r["generated"]) for r in mine if r.get("vocab_mapped_share") is not None]
+        v = (variants or {}).get(label)
+        out[label] = {
+            "method": mine[0]["method"],
+            "options": dict(v.options) if v else {},
+            "temperature": mine[0].get("temperature"),
             "runs": len(mine),
             "generated": gen,
             "target_calls": calls,
@@ -174,6 +214,16 @@ def aggregate(rows: list[dict]) -> dict:
             "verify_s": _total(mine, "verify_s"),
             "other_s": _total(mine, "other_s"),
             "accept_length_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+            "gamma_hist": _hist(mine, "gamma_hist"),
+            "width_hist": _hist(mine, "width_hist"),
+            "predicted_tokens_per_s": statistics.median(predicted) if predicted else None,
+            "controller_s": sum(r.get("controller_s", 0.0) for r in mine),
+            "decode_s": _total(mine, "decode_s"),
+            # Across vocabularies: the share of generated tokens the aux could draft (weighted by
+            # length) and how often target text was re-tokenised for the aux.
+            "vocab_mapped_share": sum(s * n for s, n in mapped) / max(sum(n for _, n in mapped), 1) if mapped else None,
+            "vocab_resyncs": sum(r.get("vocab_resyncs", 0) for r in mine) if mapped else None,
+            **quality(mine),
         }
     return out
 
@@ -182,7 +232,7 @@ RATIO_KEYS = ("tokens_per_s", "ppl", "cpu_s_per_token", "j_per_token", "block_ef
 
 
 def ratios(methods: dict) -> dict:
-    """method / baseline for each figure, against ar and against sd when they ran."""
+    """variant / baseline for each figure, against the variants labelled ar and sd when they ran."""
 
     def div(a, b):
         return a / b if a is not None and b else None

@@ -1,4 +1,5 @@
-"""`mtad-edge bench`: every method on a prompt set, with JSON, a Markdown report and plots."""
+"""`mtad-edge bench`: every variant (a method with request options: ``sd g=2``, ``ar T=0.6``) on
+a prompt set, with JSON, a Markdown report and plots."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from typing import Any, Optional
 import click
 
 from mtad_edge.bench import native, report
+from mtad_edge.bench.quality import frontier
 from mtad_edge.bench.run import BenchConfig, aggregate, load_prompts, ratios, render, run_bench
+from mtad_edge.bench.variants import Variant, expand
+from mtad_edge.bench.variants import capacity as variant_capacity
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.llama_cpp_backend import default_threads
 from mtad_edge.runtime.methods import names as method_names
-from mtad_edge.runtime.options import AUTO_WIDTH_MAX
+from mtad_edge.runtime.options import OPTIONS
 
 
 def _methods(value: str) -> tuple[str, ...]:
@@ -40,6 +44,14 @@ def _ints(value: str):
     return [int(v) for v in value.split(",") if v.strip()]
 
 
+def _option_list(value: Optional[str], name: str, flag: str) -> list[Any]:
+    """A comma-separated list of one request option's values, checked by the option table."""
+    try:
+        return [OPTIONS[name].parse(v.strip()) for v in (value or "").split(",") if v.strip()]
+    except MtadEdgeError as e:
+        raise click.BadParameter(str(e), param_hint=flag) from None
+
+
 def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     """One parameter at a time around the base settings (plus the base itself)."""
     base_point = dict(accept_threshold=base.accept_threshold, gamma=base.gamma, beam_width=base.beam_width)
@@ -54,10 +66,29 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
 @sampling_options
 @click.option("--methods", default="ar,sd,mtad", show_default=True, help="Comma-separated methods to compare.")
 @click.option(
+    "--gammas",
+    help="Comma-separated gamma values (ints, or 'auto'): each drafting method runs once per value, "
+    "labelled 'METHOD g=VALUE'; writes gammas.png.",
+)
+@click.option(
+    "--ar-temperatures",
+    help="Comma-separated temperatures for plain decoding ('ar T=VALUE'): the curve every other variant "
+    "is compared with at equal PPL (report.md, quality.png). E.g. 1,0.8,0.6,0.4,0.3.",
+)
+@click.option(
+    "--variant",
+    "variant_specs",
+    multiple=True,
+    metavar="SPEC",
+    help="Also run METHOD with request options, e.g. 'mtad g=6 w=2 thr=0.3 T=0.8' "
+    "(g gamma, w beam_width, thr accept_threshold, T temperature, k top_k, p top_p, or full names). Repeatable.",
+)
+@click.option(
     "--prompts",
     "prompts_file",
     type=click.Path(dir_okay=False),
-    help="JSONL with 'prompt' or 'messages' per line (default: a built-in set).",
+    help="JSONL with 'prompt' or 'messages' per line, or a built-in set: 'default' (chat, code, explanation, "
+    "story) or 'quality' (8 open-ended prompts, for the quality frontier).",
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
@@ -74,6 +105,9 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
 def bench(
     model: ModelChoice,
     methods: str,
+    gammas: Optional[str],
+    ar_temperatures: Optional[str],
+    variant_specs: tuple[str, ...],
     prompts_file: Optional[str],
     repeats: int,
     out_dir: str,
@@ -84,39 +118,46 @@ def bench(
     sweep_widths: str,
     **sampling: Any,
 ) -> None:
-    """Measure speed, acceptance, perplexity and energy of each method on the same pair and prompts."""
+    """Measure speed, acceptance, perplexity, diversity, repetition and energy of each variant
+    (methods, gamma settings, plain decoding's temperatures) on the same pair, prompts and seeds."""
     chosen = _methods(methods)
     base = decode_config(method="mtad", **{**sampling, "seed": sampling["seed"] or 0})  # reproducible by default
-    cfg = BenchConfig(methods=chosen, repeats=repeats, decode=base)
+    gamma_values = _option_list(gammas, "gamma", "--gammas")
+    temps = _option_list(ar_temperatures, "temperature", "--ar-temperatures")
+    try:
+        variants, dropped = expand(base, chosen, gamma_values, temps, variant_specs)
+    except MtadEdgeError as e:
+        raise click.BadParameter(str(e), param_hint="--variant") from None
+    for label, same in dropped:
+        click.echo(f"bench: {label!r} is the same request as {same!r}; measured once as {same!r}", err=True)
+    cfg = BenchConfig(variants=tuple(variants), repeats=repeats, decode=base)
     points = sweep_settings(base, _floats(sweep_thresholds), _ints(sweep_gammas), _ints(sweep_widths)) if sweep else []
     prompts = load_prompts(prompts_file)
     threads = model.options.threads or default_threads()
     model = replace(model, options=replace(model.options, threads=threads))
+    room = variant_capacity(base, variants)
     capacity = (
-        max([base.max_gamma] + [p["gamma"] for p in points if isinstance(p["gamma"], int)]),  # room for all
-        max(
-            [AUTO_WIDTH_MAX if base.beam_width == "auto" else base.beam_width]
-            + [p["beam_width"] for p in points if isinstance(p["beam_width"], int)]
-        ),
+        max([room[0]] + [p["gamma"] for p in points if isinstance(p["gamma"], int)]),  # room for every setting
+        max([room[1]] + [p["beam_width"] for p in points if isinstance(p["beam_width"], int)]),
     )
+    engine_methods = list(dict.fromkeys([v.method for v in variants] + (["mtad"] if points else [])))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    total = repeats * len(prompts) * len(chosen) + len(points) * len(prompts)
+    total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
     with (
-        model.engine(base, list(chosen) + (["mtad"] if points else []), capacity) as engine,
+        model.engine(base, engine_methods, capacity) as engine,
         click.progressbar(length=total, label="bench", file=sys.stderr) as bar,
     ):
         rows = run_bench(engine, prompts, cfg, bar.update)
         sweep_rows = []
         for p in points:
-            one = BenchConfig(methods=("mtad",), repeats=1, decode=replace(base, **p))
+            one = BenchConfig.of_methods(("mtad",), repeats=1, decode=replace(base, **p))
             agg = aggregate(run_bench(engine, prompts, one, bar.update))["mtad"]
-            sweep_rows.append(
-                {**p, **{k: agg[k] for k in ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl")}}
-            )
+            keys = ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl", "distinct_2", "rep_4")
+            sweep_rows.append({**p, **{k: agg.get(k) for k in keys}})
         rendered = [render(engine, item) for item in prompts]
         paths = engine.pair
-    agg = aggregate(rows)
+    agg = aggregate(rows, {v.label: v for v in variants})
     results = {
         "schema": 1,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -127,6 +168,9 @@ def bench(
         },
         "config": {
             "methods": list(chosen),
+            "gammas": gamma_values or None,
+            "ar_temperatures": temps or None,
+            "variant_specs": list(variant_specs) or None,
             "prompts": len(prompts),
             "repeats": repeats,
             "max_tokens": base.max_tokens,
@@ -138,11 +182,13 @@ def bench(
             "accept_threshold": base.accept_threshold,
             "seed": base.seed,
             "threads": threads,
-            "prompts_file": prompts_file or "built-in",
+            "prompts_file": prompts_file or "default",
         },
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_threads_used": threads},
+        "variants": [_variant_json(v) for v in variants],
         "methods": agg,
         "ratios": ratios(agg),
+        "frontier": frontier(agg) or None,
         "native": _native(llama_cpp_bin, paths, rendered, base, threads) if llama_cpp_bin else None,
         "sweep": sweep_rows or None,
         "runs": rows,
@@ -150,15 +196,22 @@ def bench(
     report.write_json(out, results)
     md = report.report_markdown(results)
     (out / "report.md").write_text(md)
-    png = report.plot_bench(out, results)
+    pngs = [report.plot_bench(out, results), report.plot_quality(out, results)]
+    if gamma_values:
+        pngs.append(report.plot_gammas(out, results))
     if sweep_rows:
-        report.plot_sweep(out, sweep_rows)
+        pngs.append(report.plot_sweep(out, sweep_rows))
     click.echo(md)
+    drawn = ", ".join(str(p) for p in pngs if p)
     click.echo(
         f"wrote {out / 'results.json'}, {out / 'report.md'}"
-        + (f", {png}" if png else " (install matplotlib, e.g. mtad-edge[bench], for bench.png)"),
+        + (f", {drawn}" if drawn else " (install matplotlib, e.g. mtad-edge[bench], for the plots)"),
         err=True,
     )
+
+
+def _variant_json(v: Variant) -> dict[str, Any]:
+    return {"label": v.label, "method": v.method, "options": dict(v.options)}
 
 
 def _native(bin_dir, paths, rendered, base, threads) -> dict:

@@ -47,6 +47,10 @@ class Method:
         the upper bound the loader sizes contexts for)."""
         raise NotImplementedError
 
+    def fixed_plan(self, cfg: DecodeConfig) -> tuple[int, int]:
+        """(gamma, width) of every step of a method without an aux, which no controller adapts."""
+        return 0, 1
+
     def step(self, run: Generation, gamma: int, width: int) -> list[int]:
         """One target call (and its draft): the tokens to commit, at least one."""
         raise NotImplementedError
@@ -54,11 +58,12 @@ class Method:
 
 def _registry() -> dict[str, Method]:
     from .ar import AR
+    from .beam import Beam
     from .mmtad import MMTAD
     from .mtad import MTAD
     from .sd import SD
 
-    return {m.name: m for m in (AR(), SD(), MTAD(), MMTAD())}
+    return {m.name: m for m in (AR(), SD(), MTAD(), MMTAD(), Beam())}
 
 
 _METHODS: dict[str, Method] = {}

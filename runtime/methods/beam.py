@@ -1,0 +1,63 @@
+"""``beam``: the target's own beam search over windows of gamma tokens, the reference MTAD
+approximates.
+
+MTAD drafts gamma tokens by beam search over the *aux's* joint probability and lets the target
+veto the draft; ``beam`` runs the same search on the *target* and commits the best window
+outright (keep the best joint, commit it, continue). With an aux equal to its target MTAD's
+test always passes and the two coincide (MTAD then adds one bonus token per window), so
+``beam`` shows how close mtad/mmtad come to the output they aim at, and what that output costs
+when the target pays for every depth itself: gamma target calls of w rows per window.
+
+The search is the drafter's (``BeamDrafter``) run on the target: at temperature 0 it is
+deterministic top-w beam search over the (top-k/top-p filtered) joint log p; above 0 the w
+beams are drawn without replacement in proportion to the tempered joint (beam sampling, as
+MTAD's draft). It needs only the target: w beams in two banks of sequences, 2w + 1 in all.
+
+No controller adapts it (there is no draft to tune): the window is the request's ``gamma`` and the
+width its ``beam_width``; 'auto' for either means the paper's setting, 4 (the window MTAD's
+fixed-gamma defaults drafted), so ``--method beam`` works with the default options.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from ..drafter import BeamDrafter, beam_cells, beam_slots
+from . import Layout, Method
+from .ar import plain_step
+
+if TYPE_CHECKING:
+    from ..config import DecodeConfig
+    from ..decoding import Generation
+
+AUTO_WINDOW = 4  # gamma 'auto' (and width 'auto'): the paper's gamma 4 and beam width 4
+
+
+class Beam(Method):
+    name = "beam"
+    summary = "the target's own beam search, gamma tokens a window (what MTAD approximates)"
+    needs_aux = False
+    uses_beams = True
+
+    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
+        # Sequence 0 plus two banks of w beams; the pending token plus the beams' cells.
+        return Layout(beam_slots(width), beam_cells(width, gamma))
+
+    def fixed_plan(self, cfg: DecodeConfig) -> tuple[int, int]:
+        gamma = cfg.gamma if isinstance(cfg.gamma, int) else AUTO_WINDOW
+        return gamma, cfg.beam_width if isinstance(cfg.beam_width, int) else AUTO_WINDOW
+
+    def step(self, run: Generation, gamma: int, width: int) -> list[int]:
+        if gamma == 0:
+            return plain_step(run)
+        # A searcher lives for one window only: between windows it holds no state (sequence 0
+        # is the committed text, as after any step), so nothing is kept on the shared method.
+        search = BeamDrafter(run.target, run.cfg.sampling, run.rng, width, clock=run.clock)
+        with run.timed("verify_s"):
+            search.start(run.tokens)  # sequence 0 already holds all but the pending token
+            draft = search.propose(run.tokens, gamma, width)
+            window = [int(t) for t in draft.tokens]
+            run.stats.target_calls += len(window)  # the pending token's pass, then one per depth
+            # Sequence 0 adopts x_1..x_{gamma-1} of the best beam; x_gamma is the new pending token.
+            search.commit(len(window) - 1)
+        return window
