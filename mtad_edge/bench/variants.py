@@ -28,6 +28,7 @@ SHORT = {
     "top_k": "k",
     "top_p": "p",
     "max_tokens": "n",
+    "tree": "tree",
 }
 LONG = {v: k for k, v in SHORT.items()}
 
