@@ -186,7 +186,8 @@ class Model:
     target: Costs = field(default_factory=Costs)
     aux: Costs = field(default_factory=Costs)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per method and sampling settings
-    overhead: float = 0.0
+    overhead: float = 0.0  # seconds a plain step spends outside model calls
+    draft_overhead: float = 0.0  # and a drafting step (sampling rows, verifying, the aux catching up)
     nodes: dict[tuple[int, int], float] = field(default_factory=dict)  # MMTAD: tree nodes per (gamma, width)
     frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
 
@@ -199,7 +200,7 @@ class Model:
         target, aux = Costs(seed=self.target.seed), Costs(seed=self.aux.seed)
         target.table, aux.table = dict(self.target.table), dict(self.aux.table)
         target.frozen = aux.frozen = frozen
-        return Model(target, aux, overhead=self.overhead, frozen=frozen)
+        return Model(target, aux, overhead=self.overhead, draft_overhead=self.draft_overhead, frozen=frozen)
 
 
 class Controller:
@@ -207,9 +208,11 @@ class Controller:
 
     A step with gamma g >= 1 and width w costs one aux call on the pending token, g - 1 aux calls of
     w rows, one target call on ``verify_rows(g, w)`` rows and the per-step overhead; it commits
-    1 + sum_{d<=g} P(k >= d) tokens. Gamma 0 is one target row for one token. When gamma 0 wins it
-    still drafts now and then (after 8 plain steps, doubling while probes lose, at most every 64)
-    so that acceptance stays measured and a change of regime is noticed.
+    1 + sum_{d<=g} P(k >= d) tokens. Gamma 0 is one target row for one token. Plain and drafting
+    steps learn their own overhead (time outside model calls). When gamma 0 wins it still drafts
+    now and then (after 8 plain steps, doubling while probes lose, at most every 64; again after 2
+    when a probe beat a plain step outright) so that acceptance stays measured and a change of
+    regime is noticed.
     """
 
     def __init__(self, model: Model, key: str, gammas: range, widths: Sequence[int], tree: bool):
@@ -229,7 +232,8 @@ class Controller:
         m = self.model
         if gamma == 0:
             return m.target(1) + m.overhead
-        return m.aux(1) + (gamma - 1) * m.aux(width) + m.target(self.verify_rows(gamma, width)) + m.overhead
+        calls = m.aux(1) + (gamma - 1) * m.aux(width) + m.target(self.verify_rows(gamma, width))
+        return calls + m.draft_overhead
 
     def expected_tokens(self, gamma: int, width: int) -> float:
         return 1.0 + sum(self.acc.survival(width, d) for d in range(1, gamma + 1))
@@ -271,15 +275,23 @@ class Controller:
     def observe_step(self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float) -> None:
         """After a step: k accepted tokens (None for a plain step) of a draft whose best beam has
         the given cumulative log q per depth, and the step's wall seconds."""
-        if k is not None and len(cum_logq):
-            self.acc.observe(plan.width, k, cum_logq)
-            if self._probing and k > 0:  # a probe found accepted tokens: look again soon
-                self._probe = 2
         m = self.model
+        drafted = len(cum_logq) if k is not None else 0
+        if k is not None and drafted:
+            self.acc.observe(plan.width, k, cum_logq)
+            # A probe that beat a plain step's speed outright (tokens per second of that very step)
+            # hints at a new regime: look again soon. One that found tokens but still lost does
+            # not (it would make a slow draft every other step where drafting does not pay).
+            if self._probing and seconds > 0 and (k + 1) / seconds > 1.0 / max(self.step_seconds(0, 1), 1e-12):
+                self._probe = 2
         if m.frozen:
             return
-        calls = self.step_seconds(len(cum_logq) if k is not None else 0, plan.width) - m.overhead
-        m.overhead = max(0.0, m.overhead + 0.2 * ((seconds - calls) - m.overhead))
+        if drafted:
+            calls = self.step_seconds(drafted, plan.width) - m.draft_overhead
+            m.draft_overhead = max(0.0, m.draft_overhead + 0.2 * ((seconds - calls) - m.draft_overhead))
+        else:
+            calls = self.step_seconds(0, plan.width) - m.overhead
+            m.overhead = max(0.0, m.overhead + 0.2 * ((seconds - calls) - m.overhead))
 
     def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
         old = self.model.nodes.get((gamma, width))

@@ -75,6 +75,17 @@ def test_gamma_zero_when_the_aux_costs_as_much_as_the_target_and_nothing_is_acce
     assert tail.count(0) / len(tail) > 0.9  # only rare probes draft
 
 
+def test_probes_that_find_tokens_but_lose_stay_rare():
+    """This CPU's default pair: a 2-row verify costs 1.6x a step, the aux 0.66x, and 74 % of drafted
+    tokens are accepted. Drafting loses (1.74 tokens per 2.26 steps' time); probes find tokens
+    nearly every time, and must still back off instead of drafting every other step."""
+    ctrl = sd_controller()
+    target = lambda r: 0.010 if r == 1 else 0.010 + 0.006 * (r - 1) ** 0.5  # noqa: E731
+    plans = simulate(ctrl, 400, target, lambda r: 0.0066 * r, lambda w: 0.74, np.random.default_rng(0))
+    tail = [p.gamma for p in plans[100:]]
+    assert tail.count(0) / len(tail) > 0.95
+
+
 def test_long_gamma_when_drafting_is_free_and_always_accepted():
     ctrl = sd_controller()
     plans = simulate(ctrl, 60, lambda r: 0.010, lambda r: 0.0001, lambda w: 1.0, np.random.default_rng(0))
