@@ -202,7 +202,13 @@ class Engine:
         return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names, say=say)
 
     def generate(
-        self, prompt: str, *, stop: Sequence[str] = (), logprobs: Optional[int] = None, **options: Any
+        self,
+        prompt: str,
+        *,
+        stop: Sequence[str] = (),
+        logprobs: Optional[int] = None,
+        learned_costs: Optional[bool] = None,
+        **options: Any,
     ) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
         gamma, beam_width, accept_threshold, seed. ``logprobs=N``: once the answer is complete,
@@ -212,14 +218,19 @@ class Engine:
         Without a seed the cached prefix of the last request is reused (a chat's next turn
         prefills only what is new). With one, the caches are cleared first: llama.cpp's logits
         depend on the batch shape the cached prefix was evaluated in, so only a prefill laid out
-        as in a fresh context gives exactly what a fresh engine gives for that seed."""
+        as in a fresh context gives exactly what a fresh engine gives for that seed.
+
+        ``learned_costs``: what gamma/width 'auto' plans with. None: a seeded request the frozen
+        load-time calibration (its text depends on the seed only), an unseeded one what the engine
+        has learned from the calls it made; True: what it learned, seed or not (``bench``: the
+        speed an unseeded user gets, with seeds so that variants sample alike)."""
         _check_text(prompt, "prompt")
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
             raise OptionError(f"logprobs must be an integer >= 0, got {logprobs!r}", "logprobs")
         seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
-        model = self.calibrated if seeded else self.learned
+        model = self.learned if learned_costs or not seeded else self.calibrated
         ids = models.target.tokenize(prompt)
         gen = Generation(models.target, models.aux, ids, cfg, reuse=not seeded, model=model, vocab=models.vocab)
         return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work

@@ -91,7 +91,8 @@ def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: Ener
     outside the timing."""
     cpu0 = _cpu_s()
     meter.start()
-    response = engine.generate(render(engine, item), **cfg.as_options())
+    # Seeds make variants sample alike; 'auto' plans as for an unseeded user, from learned costs.
+    response = engine.generate(render(engine, item), learned_costs=True, **cfg.as_options())
     response.text()
     energy = meter.stop()
     cpu = _cpu_s() - cpu0
