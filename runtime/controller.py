@@ -203,6 +203,9 @@ class Model:
         return Model(target, aux, overhead=self.overhead, draft_overhead=self.draft_overhead, frozen=frozen)
 
 
+PROBE_WIN = 1.25  # a probe re-arms the next one soon when its step ran this much faster than a plain step
+
+
 class Controller:
     """Picks (gamma, width) each step to maximise expected committed tokens per second.
 
@@ -211,7 +214,7 @@ class Controller:
     1 + sum_{d<=g} P(k >= d) tokens. Gamma 0 is one target row for one token. Plain and drafting
     steps learn their own overhead (time outside model calls). When gamma 0 wins it still drafts
     now and then (after 8 plain steps, doubling while probes lose, at most every 64; again after 2
-    when a probe beat a plain step outright) so that acceptance stays measured and a change of
+    when a probe beat a plain step clearly) so that acceptance stays measured and a change of
     regime is noticed.
     """
 
@@ -279,10 +282,12 @@ class Controller:
         drafted = len(cum_logq) if k is not None else 0
         if k is not None and drafted:
             self.acc.observe(plan.width, k, cum_logq)
-            # A probe that beat a plain step's speed outright (tokens per second of that very step)
-            # hints at a new regime: look again soon. One that found tokens but still lost does
-            # not (it would make a slow draft every other step where drafting does not pay).
-            if self._probing and seconds > 0 and (k + 1) / seconds > 1.0 / max(self.step_seconds(0, 1), 1e-12):
+            # A probe that beat a plain step's speed clearly (tokens per second of that very step,
+            # by PROBE_WIN) hints at a new regime: look again soon. One that found tokens but only
+            # drew level, or lost, does not (where drafting does not pay, lucky probes would
+            # otherwise make a slow draft every few steps).
+            plain_rate = 1.0 / max(self.step_seconds(0, 1), 1e-12)
+            if self._probing and seconds > 0 and (k + 1) / seconds > PROBE_WIN * plain_rate:
                 self._probe = 2
         if m.frozen:
             return
