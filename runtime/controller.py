@@ -116,6 +116,10 @@ class Acceptance:
     weight: float = 1.0
     depth: dict[tuple[int, int], _Rate] = field(default_factory=dict)  # (width, d) -> rate
     conf: dict[tuple[int, int], _Rate] = field(default_factory=dict)  # (width, bin) -> rate
+    # The probe schedule while plain steps win (Controller.plan): kept with the acceptance it
+    # measures, so a chat or a server does not start probing afresh with every request.
+    since_draft: int = 0
+    probe_every: int = 8
 
     def observe(self, width: int, k: int, cum_logq: Floats) -> None:
         """A verified draft of len(cum_logq) tokens of which k were accepted."""
@@ -221,7 +225,6 @@ class Controller:
     def __init__(self, model: Model, key: str, gammas: range, widths: Sequence[int], tree: bool):
         self.model, self.acc = model, model.for_key(key)
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
-        self._since_draft, self._probe = 0, 8
         self._plan: Optional[Plan] = None
         self._probing = False
 
@@ -252,13 +255,13 @@ class Controller:
         best = max(options, key=lambda p: p.rate)
         self._probing = False
         if best.gamma == 0:
-            self._since_draft += 1
+            self.acc.since_draft += 1
             drafts = [p for p in options if p.gamma > 0]
-            if drafts and self._since_draft >= self._probe:  # a probe: the best draft
-                self._since_draft, self._probe = 0, min(self._probe * 2, 64)
+            if drafts and self.acc.since_draft >= self.acc.probe_every:  # a probe: the best draft
+                self.acc.since_draft, self.acc.probe_every = 0, min(self.acc.probe_every * 2, 64)
                 best, self._probing = max(drafts, key=lambda p: p.rate), True
         else:
-            self._since_draft, self._probe = 0, 8
+            self.acc.since_draft, self.acc.probe_every = 0, 8
         self._plan = best
         return best
 
@@ -288,7 +291,7 @@ class Controller:
             # otherwise make a slow draft every few steps).
             plain_rate = 1.0 / max(self.step_seconds(0, 1), 1e-12)
             if self._probing and seconds > 0 and (k + 1) / seconds > PROBE_WIN * plain_rate:
-                self._probe = 2
+                self.acc.probe_every = 2
         if m.frozen:
             return
         if drafted:

@@ -201,3 +201,15 @@ def test_auto_gamma_at_temperature_zero_gives_ar_text(method):
 def test_bad_auto_settings_are_one_line_errors(bad, needle):
     with pytest.raises(ValueError, match=needle):
         DecodeConfig(**bad)
+
+
+def test_the_probe_schedule_carries_over_to_the_next_request():
+    """A chat or a server asks one engine Model for many short requests: where drafting loses,
+    the next request keeps the backed-off probe interval instead of probing after 8 steps again."""
+    model, rng = Model(), np.random.default_rng(0)
+    costly = dict(target_s=lambda r: 0.010, aux_s=lambda r: 0.010, accept_p=lambda w: 0.0, rng=rng)
+    simulate(Controller(model, "sd", range(0, 9), (1,), tree=False), 200, **costly)
+    plans = simulate(Controller(model, "sd", range(0, 9), (1,), tree=False), 60, **costly)
+    assert sum(p.gamma > 0 for p in plans) <= 1
+    fresh = simulate(Controller(Model(), "sd", range(0, 9), (1,), tree=False), 60, **costly)
+    assert sum(p.gamma > 0 for p in fresh) >= 2  # a new engine probes at 8, 24, 56
