@@ -18,6 +18,7 @@ from mtad_edge.bench.run import BenchConfig, aggregate, load_prompts, ratios, re
 from mtad_edge.bench.variants import Variant, expand
 from mtad_edge.bench.variants import capacity as variant_capacity
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
+from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.llama_cpp_backend import default_threads
 from mtad_edge.runtime.methods import names as method_names
@@ -156,7 +157,7 @@ def bench(
             keys = ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl", "distinct_2", "rep_4")
             sweep_rows.append({**p, **{k: agg.get(k) for k in keys}})
         rendered = [render(engine, item) for item in prompts]
-        paths = engine.pair
+        paths, learned = engine.pair, engine.learned
     agg = aggregate(rows, {v.label: v for v in variants})
     results = {
         "schema": 1,
@@ -191,6 +192,7 @@ def bench(
         "frontier": frontier(agg) or None,
         "native": _native(llama_cpp_bin, paths, rendered, base, threads) if llama_cpp_bin else None,
         "sweep": sweep_rows or None,
+        "learned_costs": _learned_costs(learned),
         "runs": rows,
     }
     report.write_json(out, results)
@@ -235,3 +237,20 @@ def _native(bin_dir, paths, rendered, base, threads) -> dict:
         "runs": runs,
     }
     return res
+
+
+def _learned_costs(model: Model) -> dict[str, Any]:
+    """What the adaptive controller learned during the bench, in milliseconds: a call's cost by
+    rows (target) or beams (aux), as observed, and the time a step spends outside model calls."""
+
+    def ms(table: dict[int, float]) -> dict[str, float]:
+        return {str(r): round(s * 1000, 3) for r, s in sorted(table.items())}
+
+    return {
+        "target_ms": ms(model.target.table),
+        "aux_ms": ms(model.aux.table),
+        "calibration_target_ms": ms(model.target.seed),
+        "calibration_aux_ms": ms(model.aux.seed),
+        "plain_step_overhead_ms": round(model.overhead * 1000, 3),
+        "draft_step_overhead_ms": round(model.draft_overhead * 1000, 3),
+    }
