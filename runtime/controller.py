@@ -246,11 +246,11 @@ class Controller:
 
     def plan(self, max_gamma: int) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma."""
+        gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
         options = [
             Plan(g, w, self.expected_tokens(g, w), max(self.step_seconds(g, w), 1e-12))
             for w in self.widths
-            for g in self.gammas
-            if g <= max_gamma
+            for g in gammas
         ]
         best = max(options, key=lambda p: p.rate)
         self._probing = False

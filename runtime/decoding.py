@@ -164,7 +164,9 @@ class Generation:
         if not cfg.adaptive:
             return FixedController(cfg.max_gamma, self.max_width)
         gammas = (
-            range(m.min_auto_gamma, cfg.gamma_max + 1) if cfg.gamma == AUTO else range(cfg.max_gamma, cfg.max_gamma + 1)
+            range(min(m.min_auto_gamma, cfg.gamma_max), cfg.gamma_max + 1)
+            if cfg.gamma == AUTO
+            else range(cfg.max_gamma, cfg.max_gamma + 1)
         )
         widths = [fixed_width] if fixed_width else list(range(1, self.max_width + 1))
         s = cfg.sampling

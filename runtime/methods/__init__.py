@@ -39,7 +39,7 @@ class Method:
     uses_beams: ClassVar[bool] = False  # the beam width applies
     tree: ClassVar[bool] = False  # the target verifies every beam's tree nodes (its rows grow with the width)
     # The shortest draft gamma 'auto' may choose: 0 (a plain target step) only where skipping the
-    # draft leaves the output distribution as it is (lossless sd), 1 where the draft shapes it (MTAD).
+    # draft leaves the output distribution as it is (lossless sd); MTAD sets 2, a joint draft.
     min_auto_gamma: ClassVar[int] = 1
 
     def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
