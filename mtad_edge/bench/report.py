@@ -175,6 +175,12 @@ def _vocab_table(methods: dict) -> list[str]:
     return lines
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _pyplot():
     try:
         import matplotlib
@@ -227,10 +233,7 @@ def plot_bench(out: Path, results: dict) -> Optional[Path]:
             a.tick_params(axis="x", labelrotation=45, labelsize=7)
     fig.suptitle(f"mtad-edge bench: {results['pair']['name']}")
     fig.tight_layout()
-    path = out / "bench.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "bench.png")
 
 
 def plot_sweep(out: Path, sweep: list[dict]) -> Optional[Path]:
@@ -251,10 +254,7 @@ def plot_sweep(out: Path, sweep: list[dict]) -> Optional[Path]:
     ax.plot([p[0] for p in frontier], [p[1] for p in frontier], "r--", label="frontier")
     ax.set(xlabel="tokens / s", ylabel="PPL (lower is better)", title="MTAD: speed vs PPL")
     ax.legend()
-    path = out / "sweep.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "sweep.png")
 
 
 def plot_quality(out: Path, results: dict) -> Optional[Path]:
@@ -292,10 +292,7 @@ def plot_quality(out: Path, results: dict) -> Optional[Path]:
     axes[0].legend(fontsize=7, loc="best")
     fig.suptitle(f"mtad-edge bench: quality against plain decoding, {results['pair']['name']}")
     fig.tight_layout()
-    path = out / "quality.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "quality.png")
 
 
 def plot_gammas(out: Path, results: dict) -> Optional[Path]:
@@ -324,7 +321,4 @@ def plot_gammas(out: Path, results: dict) -> Optional[Path]:
         ax.grid(alpha=0.3)
     fig.suptitle(f"mtad-edge bench: fixed gamma vs auto, {results['pair']['name']}")
     fig.tight_layout()
-    path = out / "gammas.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "gammas.png")
