@@ -232,7 +232,16 @@ class Engine:
         seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
         model = self.learned if learned_costs or not seeded else self.calibrated
         ids = models.target.tokenize(prompt)
-        gen = Generation(models.target, models.aux, ids, cfg, reuse=not seeded, model=model, vocab=models.vocab)
+        gen = Generation(
+            models.target,
+            models.aux,
+            ids,
+            cfg,
+            reuse=not seeded,
+            model=model,
+            vocab=models.vocab,
+            learn=bool(learned_costs),
+        )
         return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
 
     def chat(

@@ -273,6 +273,8 @@ class Controller:
         plan = self._plan
         if plan is None or depth >= plan.gamma:
             return False
+        if depth < min(plan.gamma, self.gammas[0]):  # the method's shortest draft (MTAD: 2) is drafted whole
+            return True
         acc, w = self.acc, plan.width
         gain = acc.given_confidence(w, cum_logq) * acc.survival(w, depth + 1) / max(acc.survival(w, depth), 1e-9)
         extra = self.step_seconds(depth + 1, w) - self.step_seconds(depth, w)

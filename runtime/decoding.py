@@ -106,7 +106,8 @@ class Generation:
     ``reuse``: keep the longest prefix the caches already hold (else start from a cleared cache,
     laid out exactly as in a fresh context). ``model``: what the adaptive controller has learned
     about this pair (an engine shares one between requests). ``clock``: seconds, for timings.
-    ``vocab``: the map when the aux speaks another vocabulary (runtime/vocab.py)."""
+    ``vocab``: the map when the aux speaks another vocabulary (runtime/vocab.py). ``learn``: a
+    seeded run too plans from ``model`` and teaches it (else from a frozen copy)."""
 
     def __init__(
         self,
@@ -118,6 +119,7 @@ class Generation:
         model: Optional[Model] = None,
         clock: Callable[[], float] = time.perf_counter,
         vocab: Optional[VocabMap] = None,
+        learn: bool = False,
     ):
         if not prompt:
             raise OptionError("the prompt must contain at least one token", "prompt")
@@ -126,7 +128,9 @@ class Generation:
             raise OptionError(f"method {cfg.method} needs an auxiliary model (use --aux, or method ar)", "method")
         self.target, self.aux, self.cfg, self.reuse, self.clock = target, aux, cfg, reuse, clock
         model = model if model is not None else Model()
-        self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive else model
+        # A seeded adaptive run plans from a frozen copy (its text then depends on the seed only),
+        # unless the caller wants it to learn like an unseeded one (``learn``: bench).
+        self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive and not learn else model
         self.controller = self._controller()
         self.layout = self.method.layout(self.max_gamma, self.max_width, cfg)
         if self.layout.target_seqs > target.n_seq_max:

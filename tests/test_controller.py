@@ -213,3 +213,26 @@ def test_the_probe_schedule_carries_over_to_the_next_request():
     assert sum(p.gamma > 0 for p in plans) <= 1
     fresh = simulate(Controller(Model(), "sd", range(0, 9), (1,), tree=False), 60, **costly)
     assert sum(p.gamma > 0 for p in fresh) >= 2  # a new engine probes at 8, 24, 56
+
+
+def test_a_seeded_run_learns_only_when_asked():
+    """Seeded: plans from a frozen copy and teaches the shared model nothing, unless ``learn``
+    (bench: seeds for comparable sampling, costs learned as for an unseeded user)."""
+    for learn in (False, True):
+        clock, target, aux = scripted_pair(aux_salt=1, aux_cost=lambda rows: 0.001)
+        model = Model()
+        gen = Generation(target, aux, [1, 2, 3], auto(seed=5), model=model, clock=clock, learn=learn)
+        [t for b in gen for t in b]
+        assert bool(model.target.table) == learn and bool(model.aux.table) == learn
+
+
+def test_mtad_auto_drafts_its_shortest_draft_whole():
+    """MTAD's floor is two tokens: keep_going does not cut a draft below it, however unconfident."""
+    ctrl = Controller(Model(), "mtad", range(2, 7), (4,), tree=False)
+    ctrl.plan(6)
+    assert ctrl.keep_going(1, -50.0)
+    clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
+    gen = Generation(target, aux, [1, 2, 3], auto(method="mtad"), clock=clock)
+    [t for b in gen for t in b]
+    hist = gen.stats.gamma_hist
+    assert hist.get(1, 0) <= 1 and sum(n for g, n in hist.items() if g >= 2) > 10, hist  # 1: the last step, at most
