@@ -207,7 +207,7 @@ class Engine:
         *,
         stop: Sequence[str] = (),
         logprobs: Optional[int] = None,
-        learned_costs: Optional[bool] = None,
+        learned_costs: bool = False,
         **options: Any,
     ) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
@@ -220,7 +220,7 @@ class Engine:
         depend on the batch shape the cached prefix was evaluated in, so only a prefill laid out
         as in a fresh context gives exactly what a fresh engine gives for that seed.
 
-        ``learned_costs``: what gamma/width 'auto' plans with. None: a seeded request the frozen
+        ``learned_costs``: what gamma/width 'auto' plans with. False: a seeded request the frozen
         load-time calibration (its text depends on the seed only), an unseeded one what the engine
         has learned from the calls it made; True: what it learned, seed or not (``bench``: the
         speed an unseeded user gets, with seeds so that variants sample alike)."""
@@ -240,7 +240,7 @@ class Engine:
             reuse=not seeded,
             model=model,
             vocab=models.vocab,
-            learn=bool(learned_costs),
+            learn=learned_costs,
         )
         return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
 
