@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Optional, Union
 
 import numpy as np
@@ -43,6 +44,11 @@ class Costs:
         self.prior = _line(self.seed)
         self.frozen = False  # a frozen table ignores observations (seeded, reproducible runs)
 
+    @property
+    def known(self) -> bool:
+        """Whether any timing (observed or calibrated) backs the estimates."""
+        return bool(self.table) or self.prior is not None
+
     def observe(self, rows: int, seconds: float) -> None:
         if self.frozen or rows < 1 or not math.isfinite(seconds) or seconds < 0:
             return
@@ -55,7 +61,10 @@ class Costs:
             return self.table[rows]
         if self.prior is not None:
             a, b = self.prior
-            scale = _median([self.table[r] / max(a + b * r, 1e-12) for r in self.table]) if self.table else 1.0
+            # Rows the calibration covered say how the machine compares with it now (an aux's long
+            # catch-up feeds lie far beyond its beam rows); without such rows, any.
+            near = [r for r in self.table if r <= max(self.seed)] or list(self.table)
+            scale = _median([self.table[r] / max(a + b * r, 1e-12) for r in near]) if near else 1.0
             return (a + b * rows) * scale
         line = _line(self.table)
         if line is None:
@@ -120,6 +129,7 @@ class Acceptance:
     # measures, so a chat or a server does not start probing afresh with every request.
     since_draft: int = 0
     probe_every: int = 8
+    plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
 
     def observe(self, width: int, k: int, cum_logq: Floats) -> None:
         """A verified draft of len(cum_logq) tokens of which k were accepted."""
@@ -169,7 +179,7 @@ class FixedController:
     def __init__(self, gamma: int, width: int):
         self.gamma, self.width = gamma, width
 
-    def plan(self, max_gamma: int) -> Plan:
+    def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         return Plan(min(self.gamma, max_gamma), self.width)
 
     def keep_going(self, depth: int, cum_logq: float) -> bool:
@@ -191,9 +201,26 @@ class Model:
     aux: Costs = field(default_factory=Costs)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per method and sampling settings
     overhead: float = 0.0  # seconds a plain step spends outside model calls
-    draft_overhead: float = 0.0  # and a drafting step (sampling rows, verifying, the aux catching up)
+    draft_overhead: float = 0.0  # and a drafting step (sampling rows, verifying)
     nodes: dict[tuple[int, int], float] = field(default_factory=dict)  # MMTAD: tree nodes per (gamma, width)
     frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
+    catchup: Optional[float] = None  # seconds per committed token the aux feeds when it drafts after plain steps
+
+    def catchup_s(self, lag: int) -> float:
+        """Seconds the aux spends feeding ``lag`` committed tokens it has not seen (the plain steps
+        since its last draft) before it can draft: measured, else the slope of its cost line."""
+        if lag <= 0:
+            return 0.0
+        per = self.catchup if self.catchup is not None else max(self.aux(2) - self.aux(1), 0.0)
+        return lag * per
+
+    def observe_catchup(self, rows: int, seconds: float) -> None:
+        """A draft's first aux call fed ``rows`` committed tokens (more than the usual one or two)."""
+        if self.frozen or rows < 3 or not math.isfinite(seconds):
+            return
+        # Less the one-row call it includes, once that is measured (else all of it: a bit dear).
+        per = max(0.0, seconds - self.aux(1)) / (rows - 1) if 1 in self.aux.table else seconds / rows
+        self.catchup = per if self.catchup is None else self.catchup + 0.2 * (per - self.catchup)
 
     def for_key(self, key: str) -> Acceptance:
         return self.acceptance.setdefault(key, Acceptance())
@@ -204,10 +231,18 @@ class Model:
         target, aux = Costs(seed=self.target.seed), Costs(seed=self.aux.seed)
         target.table, aux.table = dict(self.target.table), dict(self.aux.table)
         target.frozen = aux.frozen = frozen
-        return Model(target, aux, overhead=self.overhead, draft_overhead=self.draft_overhead, frozen=frozen)
+        return Model(
+            target,
+            aux,
+            overhead=self.overhead,
+            draft_overhead=self.draft_overhead,
+            frozen=frozen,
+            catchup=self.catchup,
+        )
 
 
 PROBE_WIN = 1.25  # a probe re-arms the next one soon when its step ran this much faster than a plain step
+PROBE_BUDGET = 0.03  # and probes may lose at most this share of the time plain steps take between them
 
 
 class Controller:
@@ -217,9 +252,12 @@ class Controller:
     w rows, one target call on ``verify_rows(g, w)`` rows and the per-step overhead; it commits
     1 + sum_{d<=g} P(k >= d) tokens. Gamma 0 is one target row for one token. Plain and drafting
     steps learn their own overhead (time outside model calls). When gamma 0 wins it still drafts
-    now and then (after 8 plain steps, doubling while probes lose, at most every 64; again after 2
-    when a probe beat a plain step clearly) so that acceptance stays measured and a change of
-    regime is noticed.
+    now and then, so that acceptance stays measured and a change of regime is noticed: after 8
+    plain steps, doubling while probes lose, at most every 64 (again after 2 when a probe beat a
+    plain step clearly), and only once the plain steps since the last draft have earned the
+    probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux feeding the tokens it
+    skipped (``lag``), which is what a probe costs most where drafting does not pay: probes then
+    come early in a request, or not at all in a long one, and cost at most a few per cent.
     """
 
     def __init__(self, model: Model, key: str, gammas: range, widths: Sequence[int], tree: bool):
@@ -227,6 +265,7 @@ class Controller:
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
         self._plan: Optional[Plan] = None
         self._probing = False
+        self._lag = 0  # committed tokens the aux had not seen when the last plan was made
 
     def verify_rows(self, gamma: int, width: int) -> int:
         """Rows of the target call: the pending token plus the draft, or plus the tree's nodes."""
@@ -234,34 +273,40 @@ class Controller:
             return gamma + 1
         return 1 + round(self.model.nodes.get((gamma, width), gamma * width * 0.75))
 
-    def step_seconds(self, gamma: int, width: int) -> float:
+    def step_seconds(self, gamma: int, width: int, lag: int = 0) -> float:
+        """Expected wall seconds of a step; ``lag``: committed tokens the aux must feed first."""
         m = self.model
         if gamma == 0:
             return m.target(1) + m.overhead
         calls = m.aux(1) + (gamma - 1) * m.aux(width) + m.target(self.verify_rows(gamma, width))
-        return calls + m.draft_overhead
+        return calls + m.draft_overhead + m.catchup_s(lag)
 
     def expected_tokens(self, gamma: int, width: int) -> float:
         return 1.0 + sum(self.acc.survival(width, d) for d in range(1, gamma + 1))
 
-    def plan(self, max_gamma: int) -> Plan:
-        """The best (gamma, width) with gamma <= max_gamma."""
+    def plan(self, max_gamma: int, lag: int = 0) -> Plan:
+        """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
+        (the aux in step); ``lag``: committed tokens the aux has not seen, which a probe pays for."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
-        options = [
-            Plan(g, w, self.expected_tokens(g, w), max(self.step_seconds(g, w), 1e-12))
-            for w in self.widths
-            for g in gammas
-        ]
+        options = []
+        for w in self.widths:
+            tokens = list(accumulate(self.acc.survival(w, d) for d in range(gammas[-1] + 1)))  # survival(w, 0) = 1
+            options += [Plan(g, w, tokens[g], max(self.step_seconds(g, w), 1e-12)) for g in gammas]
         best = max(options, key=lambda p: p.rate)
-        self._probing = False
+        self._probing, self._lag = False, lag
+        acc = self.acc
         if best.gamma == 0:
-            self.acc.since_draft += 1
+            acc.since_draft += 1
             drafts = [p for p in options if p.gamma > 0]
-            if drafts and self.acc.since_draft >= self.acc.probe_every:  # a probe: the best draft
-                self.acc.since_draft, self.acc.probe_every = 0, min(self.acc.probe_every * 2, 64)
-                best, self._probing = max(drafts, key=lambda p: p.rate), True
+            if drafts and acc.since_draft >= acc.probe_every:  # a probe: the best draft, if earned
+                probe = max(drafts, key=lambda p: p.rate)
+                loss = self.step_seconds(probe.gamma, probe.width, lag) - probe.tokens * best.seconds
+                unknown = not (self.model.aux.known and self.model.target.known)  # costs in rows, not seconds
+                if unknown or loss <= PROBE_BUDGET * acc.plain_s:
+                    acc.since_draft, acc.probe_every = 0, min(acc.probe_every * 2, 64)
+                    best, self._probing = probe, True
         else:
-            self.acc.since_draft, self.acc.probe_every = 0, 8
+            acc.since_draft, acc.probe_every = 0, 8
         self._plan = best
         return best
 
@@ -291,13 +336,18 @@ class Controller:
             # by PROBE_WIN) hints at a new regime: look again soon. One that found tokens but only
             # drew level, or lost, does not (where drafting does not pay, lucky probes would
             # otherwise make a slow draft every few steps).
+            # The aux's catching up is left out: drafting on, it would not recur.
             plain_rate = 1.0 / max(self.step_seconds(0, 1), 1e-12)
-            if self._probing and seconds > 0 and (k + 1) / seconds > PROBE_WIN * plain_rate:
+            steady = seconds - m.catchup_s(self._lag)
+            if self._probing and steady > 0 and (k + 1) / steady > PROBE_WIN * plain_rate:
                 self.acc.probe_every = 2
+            self.acc.plain_s = 0.0
+        elif k is None:
+            self.acc.plain_s += seconds
         if m.frozen:
             return
         if drafted:
-            calls = self.step_seconds(drafted, plan.width) - m.draft_overhead
+            calls = self.step_seconds(drafted, plan.width, self._lag) - m.draft_overhead
             m.draft_overhead = max(0.0, m.draft_overhead + 0.2 * ((seconds - calls) - m.draft_overhead))
         else:
             calls = self.step_seconds(0, plan.width) - m.overhead

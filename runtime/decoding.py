@@ -154,6 +154,7 @@ class Generation:
             cross = CrossVocab(vocab, target, aux) if vocab is not None else None
             self.drafter = BeamDrafter(aux, cfg.sampling, self.rng, self.max_width, clock, cross)
         self._outcome: Optional[tuple[int, np.ndarray]] = None  # the last step's (k, cum log q), if it drafted
+        self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
 
     def _controller(self) -> FixedController | Controller:
         """``--gamma N`` with a fixed width is a controller that always answers (N, w); 'auto'
@@ -224,7 +225,7 @@ class Generation:
         it went."""
         st, clock = self.stats, self.clock
         t0 = clock()
-        plan = self.controller.plan(self.max_gamma)
+        plan = self.controller.plan(self.max_gamma, len(self.tokens) - self._synced)
         if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
             plan = Plan(0, plan.width)
         st.controller_s += clock() - t0
@@ -234,6 +235,8 @@ class Generation:
         k, cum = self._outcome if self._outcome is not None else (None, np.zeros(0))
         self.controller.observe_step(plan, k, cum, t1 - t0)
         drafted = len(cum)
+        if drafted:
+            self._synced = len(self.tokens) + len(new)  # the aux has seen all but the bonus
         st.gamma_hist[drafted] = st.gamma_hist.get(drafted, 0) + 1
         if drafted:
             st.width_hist[plan.width] = st.width_hist.get(plan.width, 0) + 1
@@ -309,7 +312,9 @@ class Generation:
         keep_going = self.controller.keep_going if isinstance(self.controller, Controller) else None
         with self.timed("draft_s"):
             draft = self.drafter.propose(self.tokens, gamma, width, rows=rows, keep_going=keep_going)
-        for n, seconds in draft.calls:
+        for i, (n, seconds) in enumerate(draft.calls):
+            if i == 0 and n > 2:  # the aux fed committed tokens it had skipped (plain steps): a catch-up
+                self.model.observe_catchup(n, seconds)
             self.model.aux.observe(n, seconds)
         self.stats.drafted += len(draft.tokens)
         self._outcome = (0, draft.cum_logq)

@@ -11,26 +11,33 @@ from mtad_edge.runtime.decoding import Generation, generate_tokens
 from mtad_edge.runtime.sampling import SamplingConfig
 
 
-def simulate(ctrl: Controller, steps: int, target_s, aux_s, accept_p, rng, max_gamma: int = 8):
+def simulate(ctrl: Controller, steps: int, target_s, aux_s, accept_p, rng, max_gamma: int = 8, catchup_s=None):
     """Run the controller against a scripted machine: target_s(rows), aux_s(rows) seconds per call,
-    accept_p(width) = chance each drafted token is accepted (independently). Returns the plans."""
-    plans = []
+    accept_p(width) = chance each drafted token is accepted (independently). With ``catchup_s``
+    the aux feeds the tokens of the plain steps since its last draft first, at that many seconds
+    each. Returns the plans, each with ``.took`` (seconds) and ``.got`` (tokens) set."""
+    plans, lag = [], 0
     for _ in range(steps):
-        plan = ctrl.plan(max_gamma)
+        plan = ctrl.plan(max_gamma, lag if catchup_s else 0)
         plans.append(plan)
         if plan.gamma == 0:
             ctrl.model.target.observe(1, target_s(1))
             ctrl.observe_step(plan, None, [], target_s(1))
+            plan.took, plan.got, lag = target_s(1), 1, lag + 1
             continue
-        ctrl.model.aux.observe(1, aux_s(1))
+        first = aux_s(1) + (catchup_s or 0.0) * lag
+        if catchup_s and lag:
+            ctrl.model.observe_catchup(lag + 1, first)
+        ctrl.model.aux.observe(lag + 1 if catchup_s else 1, first)
         for _ in range(plan.gamma - 1):
             ctrl.model.aux.observe(plan.width, aux_s(plan.width))
         ctrl.model.target.observe(plan.gamma + 1, target_s(plan.gamma + 1))
         k = 0
         while k < plan.gamma and rng.random() < accept_p(plan.width):
             k += 1
-        seconds = aux_s(1) + (plan.gamma - 1) * aux_s(plan.width) + target_s(plan.gamma + 1)
+        seconds = first + (plan.gamma - 1) * aux_s(plan.width) + target_s(plan.gamma + 1)
         ctrl.observe_step(plan, k, list(np.cumsum([-0.1] * plan.gamma)), seconds)
+        plan.took, plan.got, lag = seconds, k + 1, 0
     return plans
 
 
@@ -84,6 +91,27 @@ def test_probes_that_find_tokens_but_lose_stay_rare():
     plans = simulate(ctrl, 400, target, lambda r: 0.0066 * r, lambda w: 0.74, np.random.default_rng(0))
     tail = [p.gamma for p in plans[100:]]
     assert tail.count(0) / len(tail) > 0.95
+
+
+def test_probes_pay_for_the_aux_catching_up_within_a_small_budget():
+    """As above, and the aux must first feed every token of the plain steps since its last draft
+    (2.5 ms each, a quarter of a step: feeding 64 skipped tokens costs 16 steps' time) or since
+    its request began (each is fed its prompt). Probes on the old schedule lost 19 % of the
+    time; earned at PROBE_BUDGET they lose a few per cent, early in a request, where there is
+    little to feed, and they go on."""
+    model, rng = Model(), np.random.default_rng(0)
+    target = lambda r: 0.010 if r == 1 else 0.010 + 0.006 * (r - 1) ** 0.5  # noqa: E731
+    machine = dict(target_s=target, aux_s=lambda r: 0.0066 * r, accept_p=lambda w: 0.74, rng=rng, catchup_s=0.0025)
+    requests = [simulate(Controller(model, "sd", range(0, 9), (1,), tree=False), 96, **machine) for _ in range(40)]
+    later = [p for plans in requests[5:] for p in plans]
+    lost = sum(p.took for p in later) - sum(p.got for p in later) * target(1)  # against plain steps only
+    assert 0 <= lost / sum(p.took for p in later) < 0.05
+    assert sum(p.gamma > 0 for p in later) >= 10  # still measured
+    assert model.catchup == pytest.approx(0.0025, rel=0.25)
+    ctrl = Controller(model, "sd", range(0, 9), (1,), tree=False)
+    model.for_key("sd").since_draft, model.for_key("sd").plain_s = 64, 64 * 0.010
+    assert ctrl.plan(8, lag=200).gamma == 0  # 200 skipped tokens: too dear for what 64 steps earned
+    assert ctrl.plan(8, lag=0).gamma > 0  # a new request: cheap enough
 
 
 def test_long_gamma_when_drafting_is_free_and_always_accepted():
