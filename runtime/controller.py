@@ -19,6 +19,7 @@ case, not a second loop.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -185,7 +186,9 @@ class FixedController:
     def keep_going(self, depth: int, cum_logq: float) -> bool:
         return True
 
-    def observe_step(self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float) -> None:
+    def observe_step(
+        self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float, calls_s: Optional[float] = None
+    ) -> None:
         pass
 
     def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
@@ -202,6 +205,9 @@ class Model:
     acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per method and sampling settings
     overhead: float = 0.0  # seconds a plain step spends outside model calls
     draft_overhead: float = 0.0  # and a drafting step (sampling rows, verifying)
+    # The last few steps' seconds outside model calls, plain and drafting: each overhead is their
+    # median, so one step disturbed by the OS or the collector does not make drafting look cheap.
+    residuals: tuple[deque[float], deque[float]] = field(default_factory=lambda: (_window(), _window()))
     nodes: dict[tuple[int, int], float] = field(default_factory=dict)  # MMTAD: tree nodes per (gamma, width)
     frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
     catchup: Optional[float] = None  # seconds per committed token the aux feeds when it drafts after plain steps
@@ -222,6 +228,15 @@ class Model:
         per = max(0.0, seconds - self.aux(1)) / (rows - 1) if 1 in self.aux.table else seconds / rows
         self.catchup = per if self.catchup is None else self.catchup + 0.2 * (per - self.catchup)
 
+    def observe_overhead(self, drafting: bool, seconds: float) -> None:
+        """A step spent ``seconds`` outside its model calls."""
+        window = self.residuals[drafting]
+        window.append(max(0.0, seconds))
+        if drafting:
+            self.draft_overhead = _median(list(window))
+        else:
+            self.overhead = _median(list(window))
+
     def for_key(self, key: str) -> Acceptance:
         return self.acceptance.setdefault(key, Acceptance())
 
@@ -236,9 +251,14 @@ class Model:
             aux,
             overhead=self.overhead,
             draft_overhead=self.draft_overhead,
+            residuals=(_window(self.residuals[0]), _window(self.residuals[1])),
             frozen=frozen,
             catchup=self.catchup,
         )
+
+
+def _window(items: Sequence[float] = ()) -> deque[float]:
+    return deque(items, maxlen=31)
 
 
 PROBE_WIN = 1.25  # a probe re-arms the next one soon when its step ran this much faster than a plain step
@@ -325,9 +345,12 @@ class Controller:
         extra = self.step_seconds(depth + 1, w) - self.step_seconds(depth, w)
         return gain * self.step_seconds(depth, w) > self.expected_tokens(depth, w) * max(extra, 1e-12)
 
-    def observe_step(self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float) -> None:
+    def observe_step(
+        self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float, calls_s: Optional[float] = None
+    ) -> None:
         """After a step: k accepted tokens (None for a plain step) of a draft whose best beam has
-        the given cumulative log q per depth, and the step's wall seconds."""
+        the given cumulative log q per depth, the step's wall seconds and, where measured, the
+        seconds its model calls took (else the cost tables' estimate of them)."""
         m = self.model
         drafted = len(cum_logq) if k is not None else 0
         if k is not None and drafted:
@@ -346,12 +369,10 @@ class Controller:
             self.acc.plain_s += seconds
         if m.frozen:
             return
-        if drafted:
-            calls = self.step_seconds(drafted, plan.width, self._lag) - m.draft_overhead
-            m.draft_overhead = max(0.0, m.draft_overhead + 0.2 * ((seconds - calls) - m.draft_overhead))
-        else:
-            calls = self.step_seconds(0, plan.width) - m.overhead
-            m.overhead = max(0.0, m.overhead + 0.2 * ((seconds - calls) - m.overhead))
+        if calls_s is None:
+            gamma = drafted if drafted else 0
+            calls_s = self.step_seconds(gamma, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
+        m.observe_overhead(bool(drafted), seconds - calls_s)
 
     def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
         old = self.model.nodes.get((gamma, width))

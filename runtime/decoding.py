@@ -155,6 +155,7 @@ class Generation:
             self.drafter = BeamDrafter(aux, cfg.sampling, self.rng, self.max_width, clock, cross)
         self._outcome: Optional[tuple[int, np.ndarray]] = None  # the last step's (k, cum log q), if it drafted
         self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
+        self._calls_s = 0.0  # seconds the current step's model calls took
 
     def _controller(self) -> FixedController | Controller:
         """``--gamma N`` with a fixed width is a controller that always answers (N, w); 'auto'
@@ -229,11 +230,11 @@ class Generation:
         if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
             plan = Plan(0, plan.width)
         st.controller_s += clock() - t0
-        self._outcome = None
+        self._outcome, self._calls_s = None, 0.0
         new = self.method.step(self, plan.gamma, plan.width)
         t1 = clock()
         k, cum = self._outcome if self._outcome is not None else (None, np.zeros(0))
-        self.controller.observe_step(plan, k, cum, t1 - t0)
+        self.controller.observe_step(plan, k, cum, t1 - t0, self._calls_s)
         drafted = len(cum)
         if drafted:
             self._synced = len(self.tokens) + len(new)  # the aux has seen all but the bonus
@@ -305,6 +306,7 @@ class Generation:
     def observe_target(self, rows: int, seconds: float) -> None:
         """One target call of ``rows`` rows (its logits filtered) took ``seconds``."""
         self.stats.target_calls += 1
+        self._calls_s += seconds
         self.model.target.observe(rows, seconds)
 
     def propose(self, gamma: int, width: int, rows: bool = False) -> Draft:
@@ -312,6 +314,7 @@ class Generation:
         keep_going = self.controller.keep_going if isinstance(self.controller, Controller) else None
         with self.timed("draft_s"):
             draft = self.drafter.propose(self.tokens, gamma, width, rows=rows, keep_going=keep_going)
+        self._calls_s += sum(seconds for _, seconds in draft.calls)
         for i, (n, seconds) in enumerate(draft.calls):
             if i == 0 and n > 2:  # the aux fed committed tokens it had skipped (plain steps): a catch-up
                 self.model.observe_catchup(n, seconds)

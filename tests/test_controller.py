@@ -264,3 +264,28 @@ def test_mtad_auto_drafts_its_shortest_draft_whole():
     [t for b in gen for t in b]
     hist = gen.stats.gamma_hist
     assert hist.get(1, 0) <= 1 and sum(n for g, n in hist.items() if g >= 2) > 10, hist  # 1: the last step, at most
+
+
+def test_a_disturbed_step_does_not_make_drafting_look_cheap():
+    """The time a step spends outside model calls is the median of the last few: a step stalled by
+    the OS (120 ms where others spend 1 ms) leaves the plain overhead, and so the price of a plain
+    step, where it was."""
+    model = Model()
+    for _ in range(10):
+        model.observe_overhead(False, 0.001)
+    model.observe_overhead(False, 0.120)
+    assert model.overhead == pytest.approx(0.001)
+    ctrl = Controller(model, "sd", range(0, 9), (1,), tree=False)
+    ctrl.plan(8)
+    ctrl.observe_step(Plan(0, 1), None, [], seconds=0.015, calls_s=0.014)  # measured calls: 1 ms outside
+    assert model.overhead == pytest.approx(0.001)
+
+
+def test_the_loop_measures_what_its_calls_took():
+    """On the scripted clock only model calls take time, so nothing is left for the overheads."""
+    clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.004)
+    gen = Generation(target, aux, [1, 2, 3], auto(), clock=clock)
+    [t for b in gen for t in b]
+    hist = gen.stats.gamma_hist
+    assert hist.get(0, 0) and sum(n for g, n in hist.items() if g) and gen.model.overhead == 0.0
+    assert gen.model.draft_overhead == 0.0
