@@ -289,3 +289,16 @@ def test_the_loop_measures_what_its_calls_took():
     hist = gen.stats.gamma_hist
     assert hist.get(0, 0) and sum(n for g, n in hist.items() if g) and gen.model.overhead == 0.0
     assert gen.model.draft_overhead == 0.0
+
+
+def test_greedy_mtad_auto_drops_the_two_token_floor():
+    """At temperature 0 every draft length gives ar's text, so the floor that keeps MTAD's test
+    joint has nothing to keep: where the draft is useless and costly, mtad auto steps plainly."""
+    clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
+    greedy = auto(method="mtad", sampling=SamplingConfig(0.0, 0, 1.0))
+    gen = Generation(target, aux, [1, 2, 3], greedy, clock=clock)
+    out = [t for b in gen for t in b]
+    hist = gen.stats.gamma_hist
+    assert hist.get(0, 0) / sum(hist.values()) > 0.6
+    ar = Generation(target, None, [1, 2, 3], DecodeConfig("ar", 300, sampling=SamplingConfig(0.0, 0, 1.0)))
+    assert out == [t for b in ar for t in b]
