@@ -106,4 +106,5 @@ def calibrated_model(models: LoadedPair, options: ModelOptions, gamma_max: int, 
             os.replace(tmp, path)
         except OSError:
             pass  # a read-only cache only costs the calibration next time
-    return Model(target=Costs(seed=tables.get("target")), aux=Costs(seed=tables.get("aux")))
+    target = tables.get("target")  # a tree verify starts from the same shape, scaled to its own calls
+    return Model(target=Costs(seed=target), aux=Costs(seed=tables.get("aux")), tree=Costs(seed=target))

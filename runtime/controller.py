@@ -202,6 +202,9 @@ class Model:
 
     target: Costs = field(default_factory=Costs)
     aux: Costs = field(default_factory=Costs)
+    # MMTAD's tree verify by rows (pending + nodes): a tree mask costs a backend more than a
+    # straight draft of as many rows (ONNX Runtime: about twice), so it keeps its own table.
+    tree: Costs = field(default_factory=Costs)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per method and sampling settings
     overhead: float = 0.0  # seconds a plain step spends outside model calls
     draft_overhead: float = 0.0  # and a drafting step (sampling rows, verifying)
@@ -243,12 +246,13 @@ class Model:
     def copy(self, frozen: bool) -> Model:
         """The cost tables as they stand and no acceptance history. Frozen, it is what a seeded
         run plans with, so that its choices (and text) depend on the seed and the tokens only."""
-        target, aux = Costs(seed=self.target.seed), Costs(seed=self.aux.seed)
-        target.table, aux.table = dict(self.target.table), dict(self.aux.table)
-        target.frozen = aux.frozen = frozen
+        target, aux, tree = Costs(seed=self.target.seed), Costs(seed=self.aux.seed), Costs(seed=self.tree.seed)
+        target.table, aux.table, tree.table = dict(self.target.table), dict(self.aux.table), dict(self.tree.table)
+        target.frozen = aux.frozen = tree.frozen = frozen
         return Model(
             target,
             aux,
+            tree,
             overhead=self.overhead,
             draft_overhead=self.draft_overhead,
             residuals=(_window(self.residuals[0]), _window(self.residuals[1])),
@@ -298,7 +302,8 @@ class Controller:
         m = self.model
         if gamma == 0:
             return m.target(1) + m.overhead
-        calls = m.aux(1) + (gamma - 1) * m.aux(width) + m.target(self.verify_rows(gamma, width))
+        verify = m.tree if self.tree and m.tree.known else m.target
+        calls = m.aux(1) + (gamma - 1) * m.aux(width) + verify(self.verify_rows(gamma, width))
         return calls + m.draft_overhead + m.catchup_s(lag)
 
     def expected_tokens(self, gamma: int, width: int) -> float:

@@ -305,11 +305,12 @@ class Generation:
             self.observe_target(rows, self.clock() - t0)
             return p
 
-    def observe_target(self, rows: int, seconds: float) -> None:
-        """One target call of ``rows`` rows (its logits filtered) took ``seconds``."""
+    def observe_target(self, rows: int, seconds: float, tree: bool = False) -> None:
+        """One target call of ``rows`` rows (its logits filtered) took ``seconds``; ``tree``: a
+        tree verify (MMTAD), timed in a table of its own."""
         self.stats.target_calls += 1
         self._calls_s += seconds
-        self.model.target.observe(rows, seconds)
+        (self.model.tree if tree else self.model.target).observe(rows, seconds)
 
     def propose(self, gamma: int, width: int, rows: bool = False) -> Draft:
         assert self.drafter is not None

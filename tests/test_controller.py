@@ -302,3 +302,24 @@ def test_greedy_mtad_auto_drops_the_two_token_floor():
     assert hist.get(0, 0) / sum(hist.values()) > 0.6
     ar = Generation(target, None, [1, 2, 3], DecodeConfig("ar", 300, sampling=SamplingConfig(0.0, 0, 1.0)))
     assert out == [t for b in ar for t in b]
+
+
+def test_a_tree_verify_is_priced_from_its_own_calls():
+    """MMTAD's tree verify keeps its own cost table: on ONNX Runtime a tree mask made it cost about
+    twice a straight verify of as many rows, and sharing one table mispriced sd's verifies too."""
+    model = Model()
+    for rows in (1, 2, 3, 5):
+        model.target.observe(rows, 0.010 + 0.001 * rows)
+        model.tree.observe(rows, 0.020 + 0.002 * rows)
+    model.aux.observe(1, 0.001)
+    model.aux.observe(2, 0.001)
+    straight = Controller(model, "mtad", range(2, 5), (2,), tree=False)
+    tree = Controller(model, "mmtad", range(2, 5), (2,), tree=True)
+    model.nodes[(2, 2)] = 2.0  # 1 + 2 rows either way
+    assert straight.step_seconds(2, 2) == pytest.approx(0.001 * 2 + 0.013)
+    assert tree.step_seconds(2, 2) == pytest.approx(0.001 * 2 + 0.026)
+    assert tree.step_seconds(0, 2) == straight.step_seconds(0, 2)  # a plain step is a plain step
+    clock, target, aux = scripted_pair(aux_salt=1, aux_cost=lambda rows: 0.001)
+    gen = Generation(target, aux, [1, 2, 3], auto(method="mmtad"), clock=clock)
+    [t for b in gen for t in b]
+    assert gen.model.tree.table and all(r >= 3 for r in gen.model.tree.table)

@@ -241,7 +241,8 @@ def _native(bin_dir, paths, rendered, base, threads) -> dict:
 
 def _learned_costs(model: Model) -> dict[str, Any]:
     """What the adaptive controller learned during the bench, in milliseconds: a call's cost by
-    rows (target) or beams (aux), as observed, and the time a step spends outside model calls."""
+    rows (target; MMTAD's tree verify apart) or beams (aux), as observed, and the time a step
+    spends outside model calls."""
 
     def ms(table: dict[int, float]) -> dict[str, float]:
         return {str(r): round(s * 1000, 3) for r, s in sorted(table.items())}
@@ -249,6 +250,7 @@ def _learned_costs(model: Model) -> dict[str, Any]:
     return {
         "target_ms": ms(model.target.table),
         "aux_ms": ms(model.aux.table),
+        "tree_target_ms": ms(model.tree.table),
         "calibration_target_ms": ms(model.target.seed),
         "calibration_aux_ms": ms(model.aux.seed),
         "plain_step_overhead_ms": round(model.overhead * 1000, 3),

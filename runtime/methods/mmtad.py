@@ -44,7 +44,7 @@ class MMTAD(Method):
         with run.timed("verify_s"):
             t0, pending = run.clock(), len(run.tokens) - len(run.target.held(0))
             p = filtered_logprobs(verifier.logits(run.tokens, tree), run.cfg.sampling)  # row 0: root
-            run.observe_target(pending + len(tree), run.clock() - t0)
+            run.observe_target(pending + len(tree), run.clock() - t0, tree=True)
             run.controller.observe_tree(len(draft.tokens), width, len(tree))
             rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
             if run.cfg.sampling.greedy:
