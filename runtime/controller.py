@@ -43,6 +43,7 @@ class Costs:
         self.table: dict[int, float] = {}
         self.seed = dict(seed or {})
         self.prior = _line(self.seed)
+        self._seed_top = max(self.seed, default=0)  # the most rows the calibration timed
         self.frozen = False  # a frozen table ignores observations (seeded, reproducible runs)
 
     @property
@@ -64,7 +65,7 @@ class Costs:
             a, b = self.prior
             # Rows the calibration covered say how the machine compares with it now (an aux's long
             # catch-up feeds lie far beyond its beam rows); without such rows, any.
-            near = [r for r in self.table if r <= max(self.seed)] or list(self.table)
+            near = [r for r in self.table if r <= self._seed_top] or list(self.table)
             scale = _median([self.table[r] / max(a + b * r, 1e-12) for r in near]) if near else 1.0
             return (a + b * rows) * scale
         line = _line(self.table)
@@ -307,7 +308,11 @@ class Controller:
         return calls + m.draft_overhead + m.catchup_s(lag)
 
     def expected_tokens(self, gamma: int, width: int) -> float:
-        return 1.0 + sum(self.acc.survival(width, d) for d in range(1, gamma + 1))
+        return self.token_curve(width, gamma)[gamma]
+
+    def token_curve(self, width: int, gamma: int) -> list[float]:
+        """Expected committed tokens of a step drafting 0..gamma tokens: 1 + sum_{d<=g} P(k >= d)."""
+        return list(accumulate(self.acc.survival(width, d) for d in range(gamma + 1)))  # survival(w, 0) = 1
 
     def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
@@ -315,7 +320,7 @@ class Controller:
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
         options = []
         for w in self.widths:
-            tokens = list(accumulate(self.acc.survival(w, d) for d in range(gammas[-1] + 1)))  # survival(w, 0) = 1
+            tokens = self.token_curve(w, gammas[-1])
             options += [Plan(g, w, tokens[g], max(self.step_seconds(g, w), 1e-12)) for g in gammas]
         best = max(options, key=lambda p: p.rate)
         self._probing, self._lag = False, lag
@@ -375,8 +380,7 @@ class Controller:
         if m.frozen:
             return
         if calls_s is None:
-            gamma = drafted if drafted else 0
-            calls_s = self.step_seconds(gamma, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
+            calls_s = self.step_seconds(drafted, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
         m.observe_overhead(bool(drafted), seconds - calls_s)
 
     def observe_tree(self, gamma: int, width: int, nodes: int) -> None:

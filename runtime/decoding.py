@@ -238,11 +238,10 @@ class Generation:
         k, cum = self._outcome if self._outcome is not None else (None, np.zeros(0))
         self.controller.observe_step(plan, k, cum, t1 - t0, self._calls_s)
         drafted = len(cum)
-        if drafted:
-            self._synced = len(self.tokens) + len(new)  # the aux has seen all but the bonus
         st.gamma_hist[drafted] = st.gamma_hist.get(drafted, 0) + 1
         if drafted:
             st.width_hist[plan.width] = st.width_hist.get(plan.width, 0) + 1
+            self._synced = len(self.tokens) + len(new)  # the aux has seen all but the bonus
         st.predicted_tokens += plan.tokens
         st.predicted_s += plan.seconds
         st.controller_s += clock() - t1

@@ -40,6 +40,7 @@ class Method:
     tree: ClassVar[bool] = False  # the target verifies every beam's tree nodes (its rows grow with the width)
     # The shortest draft gamma 'auto' may choose: 0 (a plain target step) only where skipping the
     # draft leaves the output distribution as it is (lossless sd); MTAD sets 2, a joint draft.
+    # Greedy decoding gives ar's text at any length, so there 'auto' starts at 0 for every method.
     min_auto_gamma: ClassVar[int] = 1
 
     def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
