@@ -273,16 +273,17 @@ PROBE_BUDGET = 0.03  # and probes may lose at most this share of the time plain 
 class Controller:
     """Picks (gamma, width) each step to maximise expected committed tokens per second.
 
-    A step with gamma g >= 1 and width w costs one aux call on the pending token, g - 1 aux calls of
-    w rows, one target call on ``verify_rows(g, w)`` rows and the per-step overhead; it commits
-    1 + sum_{d<=g} P(k >= d) tokens. Gamma 0 is one target row for one token. Plain and drafting
-    steps learn their own overhead (time outside model calls). When gamma 0 wins it still drafts
-    now and then, so that acceptance stays measured and a change of regime is noticed: after 8
-    plain steps, doubling while probes lose, at most every 64 (again after 2 when a probe beat a
-    plain step clearly), and only once the plain steps since the last draft have earned the
-    probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux feeding the tokens it
-    skipped (``lag``), which is what a probe costs most where drafting does not pay: probes then
-    come early in a request, or not at all in a long one, and cost at most a few per cent.
+    A step with gamma g >= 1 and width w costs one aux call on the pending token or two
+    (``first_aux_s``), g - 1 aux calls of w rows, one target call on ``verify_rows(g, w)`` rows and
+    the per-step overhead; it commits 1 + sum_{d<=g} P(k >= d) tokens. Gamma 0 is one target row for
+    one token. Plain and drafting steps learn their own overhead (time outside model calls). When
+    gamma 0 wins it still drafts now and then, so that acceptance stays measured and a change of
+    regime is noticed: after 8 plain steps, doubling while probes lose, at most every 64 (again
+    after 2 when a probe beat a plain step clearly), and only once the plain steps since the last
+    draft have earned the probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux
+    feeding the tokens it skipped (``lag``), which is what a probe costs most where drafting does
+    not pay: probes then come early in a request, or not at all in a long one, and cost at most a
+    few per cent.
     """
 
     def __init__(self, model: Model, key: str, gammas: range, widths: Sequence[int], tree: bool):
@@ -304,8 +305,15 @@ class Controller:
         if gamma == 0:
             return m.target(1) + m.overhead
         verify = m.tree if self.tree and m.tree.known else m.target
-        calls = m.aux(1) + (gamma - 1) * m.aux(width) + verify(self.verify_rows(gamma, width))
+        calls = self.first_aux_s(gamma, width) + (gamma - 1) * m.aux(width) + verify(self.verify_rows(gamma, width))
         return calls + m.draft_overhead + m.catchup_s(lag)
+
+    def first_aux_s(self, gamma: int, width: int) -> float:
+        """A draft's first aux call feeds the target's bonus token, and also its last drafted token
+        when the whole draft was accepted (no beam's cache holds it): in steady drafting, two rows
+        with the chance P(k >= gamma)."""
+        m = self.model
+        return m.aux(1) + self.acc.survival(width, gamma) * max(m.aux(2) - m.aux(1), 0.0)
 
     def expected_tokens(self, gamma: int, width: int) -> float:
         return self.token_curve(width, gamma)[gamma]

@@ -241,8 +241,8 @@ def _native(bin_dir, paths, rendered, base, threads) -> dict:
 
 def _learned_costs(model: Model) -> dict[str, Any]:
     """What the adaptive controller learned during the bench, in milliseconds: a call's cost by
-    rows (target; MMTAD's tree verify apart) or beams (aux), as observed, and the time a step
-    spends outside model calls."""
+    rows (target; MMTAD's tree verify apart) or beams (aux), as observed, the time a step
+    spends outside model calls, and what the aux takes per token it feeds after plain steps."""
 
     def ms(table: dict[int, float]) -> dict[str, float]:
         return {str(r): round(s * 1000, 3) for r, s in sorted(table.items())}
@@ -255,4 +255,5 @@ def _learned_costs(model: Model) -> dict[str, Any]:
         "calibration_aux_ms": ms(model.aux.seed),
         "plain_step_overhead_ms": round(model.overhead * 1000, 3),
         "draft_step_overhead_ms": round(model.draft_overhead * 1000, 3),
+        "aux_catchup_ms_per_token": None if model.catchup is None else round(model.catchup * 1000, 3),
     }
