@@ -30,47 +30,21 @@ import numpy as np
 Floats = Union[Sequence[float], np.ndarray]  # per-depth values, as a list or an array
 
 
-class Pace:
-    """How fast the machine runs now against when the cost tables learned their entries: one factor
-    shared by a pair's tables. A call that takes longer than its entry says moves it (by
-    ``beta`` in log), and every entry is read through it: where the OS, another process or a
-    longer context slows every call, the rows the current mode does not run (the drafting rows
-    during plain steps, and the other way round) stop looking cheap because they were timed in a
-    quieter moment."""
-
-    def __init__(self, factor: float = 1.0, beta: float = 0.2, frozen: bool = False):
-        self.factor, self.beta, self.frozen = factor, beta, frozen
-
-    def observe(self, ratio: float) -> None:
-        """A call took ``ratio`` times what its entry, read at the current pace, said."""
-        # Beyond a factor of 2 it is that call that changed (a stall, a new regime), not the machine.
-        if not self.frozen and 0.5 <= ratio <= 2.0:
-            self.factor *= ratio**self.beta
-
-
-SHAPE_ALPHA = 0.1  # a table read through a Pace learns its shape (cost by rows) slowly, the pace fast
-
-
 class Costs:
     """Seconds of one call by rows evaluated.
 
     Rows decoding has run: an exponential moving average of what they took. Other rows: the
     calibration's shape (a robust straight line through its points, so one disturbed timing does
     not matter) scaled by how the observed rows compare with it now; without a calibration, a
-    robust line through the observed rows. With a ``Pace`` (``attach``; a ``Model``'s tables share
-    one) entries are stored at pace 1 and read at the current pace."""
+    robust line through the observed rows."""
 
     def __init__(self, alpha: float = 0.2, seed: Optional[dict[int, float]] = None):
         self.alpha = alpha
-        self.table: dict[int, float] = {}  # seconds by rows, at pace 1 when a pace is attached
+        self.table: dict[int, float] = {}
         self.seed = dict(seed or {})
         self.prior = _line(self.seed)
         self._seed_top = max(self.seed, default=0)  # the most rows the calibration timed
         self.frozen = False  # a frozen table ignores observations (seeded, reproducible runs)
-        self.pace: Optional[Pace] = None
-
-    def attach(self, pace: Pace) -> None:
-        self.pace, self.alpha = pace, SHAPE_ALPHA
 
     @property
     def known(self) -> bool:
@@ -81,19 +55,10 @@ class Costs:
         if self.frozen or rows < 1 or not math.isfinite(seconds) or seconds < 0:
             return
         old = self.table.get(rows)
-        if old is not None and self.pace is not None:
-            self.pace.observe(seconds / max(old * self.pace.factor, 1e-12))
-        x = seconds / self.pace.factor if self.pace is not None else seconds
-        self.table[rows] = x if old is None else old + self.alpha * (x - old)
+        self.table[rows] = seconds if old is None else old + self.alpha * (seconds - old)
 
     def __call__(self, rows: int) -> float:
-        return self._at_pace_1(max(1, rows)) * (self.pace.factor if self.pace is not None else 1.0)
-
-    def entries(self) -> dict[int, float]:
-        """The observed rows' seconds as they are read now."""
-        return {r: self(r) for r in sorted(self.table)}
-
-    def _at_pace_1(self, rows: int) -> float:
+        rows = max(1, rows)
         if rows in self.table:
             return self.table[rows]
         if self.prior is not None:
@@ -250,11 +215,6 @@ class Model:
     nodes: dict[tuple[int, int], float] = field(default_factory=dict)  # MMTAD: tree nodes per (gamma, width)
     frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
     catchup: Optional[float] = None  # seconds per committed token the aux feeds when it drafts after plain steps
-    pace: Pace = field(default_factory=Pace)  # the machine's speed now, shared by the three tables
-
-    def __post_init__(self) -> None:
-        for costs in (self.target, self.aux, self.tree):
-            costs.attach(self.pace)
 
     def catchup_s(self, lag: int) -> float:
         """Seconds the aux spends feeding ``lag`` committed tokens it has not seen (the plain steps
@@ -294,7 +254,6 @@ class Model:
             target,
             aux,
             tree,
-            pace=Pace(self.pace.factor, self.pace.beta, frozen),
             overhead=self.overhead,
             draft_overhead=self.draft_overhead,
             residuals=(_window(self.residuals[0]), _window(self.residuals[1])),
