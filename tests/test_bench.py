@@ -1,6 +1,7 @@
 """`mtad-edge bench`: scoring, aggregation and the files it writes, on tiny real runs."""
 
 import json
+import math
 import stat
 
 import numpy as np
@@ -247,6 +248,10 @@ def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_file
     for p in front["variants"].values():
         assert p["verdict"] in ("beyond", "behind", "mixed", "outside")
     md = (out / "report.md").read_text()
+    pairs = {(r["variant"], r["against"]): r for r in res["paired"]}
+    row = pairs[("mtad g=auto", "mtad g=2")]
+    assert row["runs"] == len(res["runs"]) // len(labels) and row["speed"]["ratio"] > 0 and row["ppl"]["ratio"] > 0
+    assert "| mtad g=auto | mtad g=2 |" in md
     assert "| beam g=auto |" in md and "distinct-2" in md and "ar T at same PPL" in md and "| mtad g=auto |" in md
     for png in ("bench.png", "quality.png", "gammas.png"):
         assert (out / png).read_bytes().startswith(PNG_MAGIC)
@@ -263,6 +268,32 @@ def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_file
 def test_bad_variant_options_are_usage_errors(args, hint):
     r = CliRunner().invoke(cli, ["bench", *args])
     assert r.exit_code == 2 and hint in r.output
+
+
+def test_auto_is_paired_with_each_fixed_setting_on_the_same_prompt_runs():
+    """Ratios of pooled tok/s and PPL over the prompt-runs both variants made, with a bootstrap
+    interval: exact where every prompt-run agrees, wide where they scatter."""
+    from mtad_edge.bench.paired import paired
+
+    def run(label, prompt, repeat, seconds, logprob_sum=-64.0):
+        return {"label": label, "prompt_id": prompt, "repeat": repeat, "generated": 64, "decode_s": seconds,
+                "logprob_sum": logprob_sum}  # fmt: skip
+
+    keys = [(p, r) for p in ("a", "b", "c") for r in (0, 1)]
+    runs = [run("ar", p, r, 2.0) for p, r in keys] + [run("sd g=2", p, r, 2.5) for p, r in keys]
+    runs += [run("sd g=auto", p, r, 2.0 / 1.1, -64.0 * 1.2) for p, r in keys]  # 1.1x ar's speed everywhere
+    runs += [run("mtad g=4", p, r, 1.0 + i) for i, (p, r) in enumerate(keys)]
+    runs += [run("mtad g=auto", p, r, 1.0 + (len(keys) - 1 - i)) for i, (p, r) in enumerate(keys)]  # scattered
+    runs += [run("mtad g=auto", "d", 0, 1.0)]  # a prompt-run the fixed setting did not make
+    rows = {(r["variant"], r["against"]): r for r in paired(runs)}
+    assert set(rows) == {("sd g=auto", "ar"), ("sd g=auto", "sd g=2"), ("mtad g=auto", "mtad g=4")}
+    ar = rows[("sd g=auto", "ar")]
+    assert ar["runs"] == 6 and ar["speed"] == pytest.approx({"ratio": 1.1, "low": 1.1, "high": 1.1})
+    assert ar["ppl"]["ratio"] == pytest.approx(math.exp(0.2))
+    assert rows[("sd g=auto", "sd g=2")]["speed"]["ratio"] == pytest.approx(1.1 * 1.25)
+    mtad = rows[("mtad g=auto", "mtad g=4")]
+    assert mtad["runs"] == 6 and mtad["speed"]["ratio"] == pytest.approx(1.0)
+    assert mtad["speed"]["low"] < 0.9 and mtad["speed"]["high"] > 1.1
 
 
 def test_report_and_quality_plot_from_aggregates(tmp_path):

@@ -50,6 +50,7 @@ def report_markdown(results: dict) -> str:
         )
     lines += _quality_tables(results)
     lines += _controller_table(methods)
+    lines += _paired_table(results.get("paired") or [])
     lines += _vocab_table(methods)
     native = results.get("native")
     if native:
@@ -157,6 +158,30 @@ def _controller_table(methods: dict) -> list[str]:
             f"| {_fmt(a.get('predicted_tokens_per_s'), '.1f')} | {_fmt(a['tokens_per_s'], '.1f')} "
             f"| {_fmt(_share(a.get('controller_s'), a.get('decode_s')), '.2%')} of decoding |"
         )
+    return lines
+
+
+def _paired_table(rows: list) -> list[str]:
+    """Each 'g=auto' variant against the fixed settings of its method, paired (bench/paired.py)."""
+    if not rows:
+        return []
+
+    def ci(x: Optional[dict]) -> str:
+        if x is None:
+            return "–"
+        if x["low"] is None:
+            return f"{x['ratio']:.3f}"
+        return f"{x['ratio']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
+
+    lines = [
+        "",
+        "Adaptive against fixed, paired on the same prompts and seeds (90 % bootstrap interval over prompt-runs):",
+        "",
+        "| variant | against | prompt-runs | tok/s ratio | PPL ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['against']} | {r['runs']} | {ci(r['speed'])} | {ci(r['ppl'])} |")
     return lines
 
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import click
 
 from mtad_edge.bench import native, report
+from mtad_edge.bench.paired import paired
 from mtad_edge.bench.quality import frontier
 from mtad_edge.bench.run import BenchConfig, aggregate, load_prompts, ratios, render, run_bench
 from mtad_edge.bench.variants import Variant, expand
@@ -189,6 +190,7 @@ def bench(
         "variants": [_variant_json(v) for v in variants],
         "methods": agg,
         "ratios": ratios(agg),
+        "paired": paired(rows) or None,
         "frontier": frontier(agg) or None,
         "native": _native(llama_cpp_bin, paths, rendered, base, threads) if llama_cpp_bin else None,
         "sweep": sweep_rows or None,

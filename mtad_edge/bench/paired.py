@@ -1,0 +1,84 @@
+"""Adaptive against fixed settings, paired over the prompt-runs both made, with intervals.
+
+The machine's speed swings between prompts more than between variants (ar on Gemma 3 270M ran one
+prompt at 28 and 36 tok/s in two repeats on a 2-core VM), so a ratio of two variants means little
+without its interval. Every variant labelled 'METHOD g=auto' is compared with each fixed gamma of
+its method that ran ('METHOD g=N'; sd also with ar): the ratio of pooled tok/s (generated tokens
+over decoding seconds) and of perplexity, on the same prompts and seeds, with a bootstrap
+interval from resampling those prompt-runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Optional
+
+import numpy as np
+
+Key = tuple[str, int]  # (prompt id, repeat)
+Runs = dict[Key, dict[str, Any]]
+
+
+def paired(
+    runs: Sequence[dict[str, Any]], draws: int = 2000, level: float = 0.9, seed: int = 0
+) -> list[dict[str, Any]]:
+    """One row per (auto variant, fixed setting): ``speed`` and ``ppl`` as {ratio, low, high}."""
+    by_label: dict[str, Runs] = {}
+    for r in runs:
+        by_label.setdefault(r["label"], {})[(r["prompt_id"], r["repeat"])] = r
+    rng = np.random.default_rng(seed)
+    rows = []
+    for label, auto in by_label.items():
+        method, _, gamma = label.partition(" g=")
+        if gamma != "auto":
+            continue
+        fixed = [x for x in by_label if x.startswith(f"{method} g=") and x.partition(" g=")[2].isdigit()]
+        for other in (["ar"] if method == "sd" and "ar" in by_label else []) + fixed:
+            b = by_label[other]
+            keys = sorted(set(auto) & set(b))
+            if not keys:
+                continue
+            scored = all(r.get("logprob_sum") is not None for r in [*(auto[k] for k in keys), *(b[k] for k in keys)])
+            rows.append(
+                {
+                    "variant": label,
+                    "against": other,
+                    "runs": len(keys),
+                    "speed": _interval(keys, partial(_speed_ratio, auto, b), draws, level, rng),
+                    "ppl": _interval(keys, partial(_ppl_ratio, auto, b), draws, level, rng) if scored else None,
+                }
+            )
+    return rows
+
+
+def _speed_ratio(a: Runs, b: Runs, keys: Sequence[Key]) -> float:
+    rb = _rate(b, keys)
+    return _rate(a, keys) / rb if rb > 0 else float("nan")
+
+
+def _ppl_ratio(a: Runs, b: Runs, keys: Sequence[Key]) -> float:
+    return math.exp(_nll(a, keys) - _nll(b, keys))
+
+
+def _rate(runs: Runs, keys: Sequence[Key]) -> float:
+    seconds = sum(runs[k]["decode_s"] for k in keys)
+    return sum(runs[k]["generated"] for k in keys) / seconds if seconds > 0 else float("nan")
+
+
+def _nll(runs: Runs, keys: Sequence[Key]) -> float:
+    tokens = sum(runs[k]["generated"] for k in keys)
+    return -sum(runs[k]["logprob_sum"] for k in keys) / tokens if tokens else float("nan")
+
+
+def _interval(
+    keys: Sequence[Key], stat: Callable[[Sequence[Key]], float], draws: int, level: float, rng: np.random.Generator
+) -> dict[str, Optional[float]]:
+    point = stat(keys)
+    boots = [stat([keys[i] for i in rng.integers(0, len(keys), len(keys))]) for _ in range(draws)]
+    finite = [x for x in boots if math.isfinite(x)]
+    if len(keys) < 2 or not finite:
+        return {"ratio": point, "low": None, "high": None}
+    low, high = np.percentile(finite, [50 * (1 - level), 50 * (1 + level)])
+    return {"ratio": point, "low": float(low), "high": float(high)}
