@@ -51,6 +51,12 @@ class Costs:
         """Whether any timing (observed or calibrated) backs the estimates."""
         return bool(self.table) or self.prior is not None
 
+    def copy(self, frozen: bool) -> Costs:
+        """The same seed and observed entries; ``frozen``: ignoring further observations."""
+        out = Costs(self.alpha, self.seed)
+        out.table, out.frozen = dict(self.table), frozen
+        return out
+
     def observe(self, rows: int, seconds: float) -> None:
         if self.frozen or rows < 1 or not math.isfinite(seconds) or seconds < 0:
             return
@@ -247,13 +253,10 @@ class Model:
     def copy(self, frozen: bool) -> Model:
         """The cost tables as they stand and no acceptance history. Frozen, it is what a seeded
         run plans with, so that its choices (and text) depend on the seed and the tokens only."""
-        target, aux, tree = Costs(seed=self.target.seed), Costs(seed=self.aux.seed), Costs(seed=self.tree.seed)
-        target.table, aux.table, tree.table = dict(self.target.table), dict(self.aux.table), dict(self.tree.table)
-        target.frozen = aux.frozen = tree.frozen = frozen
         return Model(
-            target,
-            aux,
-            tree,
+            self.target.copy(frozen),
+            self.aux.copy(frozen),
+            self.tree.copy(frozen),
             overhead=self.overhead,
             draft_overhead=self.draft_overhead,
             residuals=(_window(self.residuals[0]), _window(self.residuals[1])),

@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .quality import pooled_ppl
+
 Key = tuple[str, int]  # (prompt id, repeat)
 Runs = dict[Key, dict[str, Any]]
 
@@ -59,7 +61,8 @@ def _speed_ratio(a: Runs, b: Runs, keys: Sequence[Key]) -> float:
 
 
 def _ppl_ratio(a: Runs, b: Runs, keys: Sequence[Key]) -> float:
-    return math.exp(_nll(a, keys) - _nll(b, keys))
+    pa, pb = pooled_ppl([a[k] for k in keys]), pooled_ppl([b[k] for k in keys])
+    return pa / pb if pa is not None and pb else float("nan")
 
 
 def _rate(runs: Runs, keys: Sequence[Key]) -> float:
@@ -67,18 +70,15 @@ def _rate(runs: Runs, keys: Sequence[Key]) -> float:
     return sum(runs[k]["generated"] for k in keys) / seconds if seconds > 0 else float("nan")
 
 
-def _nll(runs: Runs, keys: Sequence[Key]) -> float:
-    tokens = sum(runs[k]["generated"] for k in keys)
-    return -sum(runs[k]["logprob_sum"] for k in keys) / tokens if tokens else float("nan")
-
-
 def _interval(
     keys: Sequence[Key], stat: Callable[[Sequence[Key]], float], draws: int, level: float, rng: np.random.Generator
 ) -> dict[str, Optional[float]]:
     point = stat(keys)
+    if len(keys) < 2:  # nothing to resample
+        return {"ratio": point, "low": None, "high": None}
     boots = [stat([keys[i] for i in rng.integers(0, len(keys), len(keys))]) for _ in range(draws)]
     finite = [x for x in boots if math.isfinite(x)]
-    if len(keys) < 2 or not finite:
+    if not finite:
         return {"ratio": point, "low": None, "high": None}
     low, high = np.percentile(finite, [50 * (1 - level), 50 * (1 + level)])
     return {"ratio": point, "low": float(low), "high": float(high)}

@@ -71,13 +71,18 @@ def run_counts(tokens: Sequence[int]) -> dict[str, int]:
 
 def _pooled(rows: Sequence[dict[str, Any]]) -> dict[str, Optional[float]]:
     tot = lambda k: sum(r[k] for r in rows)  # noqa: E731
-    gen = tot("generated")
     out: dict[str, Optional[float]] = {
         f"distinct_{n}": _ratio(tot(f"unique_{n}"), tot(f"ngrams_{n}")) for n in DISTINCT_N
     }
     out[f"rep_{REP_N}"] = _ratio(tot(f"repeated_{REP_N}"), tot(f"ngrams_{REP_N}"))
-    out["ppl"] = math.exp(-tot("logprob_sum") / gen) if gen else None
+    out["ppl"] = pooled_ppl(rows)
     return out
+
+
+def pooled_ppl(rows: Sequence[dict[str, Any]]) -> Optional[float]:
+    """Perplexity of several outputs together: exp of minus their summed log p per generated token."""
+    gen = sum(r["generated"] for r in rows)
+    return math.exp(-sum(r["logprob_sum"] for r in rows) / gen) if gen else None
 
 
 QUALITY_KEYS = ("ppl", *(f"distinct_{n}" for n in DISTINCT_N), f"rep_{REP_N}")
