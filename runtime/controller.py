@@ -2,9 +2,10 @@
 
 Pure logic, no model calls. Three small parts:
 
-- ``Costs``: smoothed wall seconds of one call as a function of the rows it evaluates (one table
-  for the target, one for the aux), learned from the calls decoding makes anyway and optionally
-  seeded by a calibration at load time;
+- ``Costs`` (``costs.py``): wall seconds of one call as a function of the rows it evaluates (one
+  table for the target, one for the aux, one for MMTAD's tree verify), learned from the calls
+  decoding makes anyway, optionally seeded by a calibration at load time, and read through the
+  machine's shared ``Pace``;
 - ``Acceptance``: from the recent steps, the chance that depth d of a draft is accepted
   (``P(k >= d)``, per beam width), and the same given the draft's own confidence (the best beam's
   cumulative log q, as llama.cpp's p_min and SpecDec++'s stopping rule use it);
@@ -27,77 +28,9 @@ from typing import Optional, Union
 
 import numpy as np
 
+from .costs import Costs, Pace, _median
+
 Floats = Union[Sequence[float], np.ndarray]  # per-depth values, as a list or an array
-
-
-class Costs:
-    """Seconds of one call by rows evaluated.
-
-    Rows decoding has run: an exponential moving average of what they took. Other rows: the
-    calibration's shape (a robust straight line through its points, so one disturbed timing does
-    not matter) scaled by how the observed rows compare with it now; without a calibration, a
-    robust line through the observed rows."""
-
-    def __init__(self, alpha: float = 0.2, seed: Optional[dict[int, float]] = None):
-        self.alpha = alpha
-        self.table: dict[int, float] = {}
-        self.seed = dict(seed or {})
-        self.prior = _line(self.seed)
-        self._seed_top = max(self.seed, default=0)  # the most rows the calibration timed
-        self.frozen = False  # a frozen table ignores observations (seeded, reproducible runs)
-
-    @property
-    def known(self) -> bool:
-        """Whether any timing (observed or calibrated) backs the estimates."""
-        return bool(self.table) or self.prior is not None
-
-    def copy(self, frozen: bool) -> Costs:
-        """The same seed and observed entries; ``frozen``: ignoring further observations."""
-        out = Costs(self.alpha, self.seed)
-        out.table, out.frozen = dict(self.table), frozen
-        return out
-
-    def observe(self, rows: int, seconds: float) -> None:
-        if self.frozen or rows < 1 or not math.isfinite(seconds) or seconds < 0:
-            return
-        old = self.table.get(rows)
-        self.table[rows] = seconds if old is None else old + self.alpha * (seconds - old)
-
-    def __call__(self, rows: int) -> float:
-        rows = max(1, rows)
-        if rows in self.table:
-            return self.table[rows]
-        if self.prior is not None:
-            a, b = self.prior
-            # Rows the calibration covered say how the machine compares with it now (an aux's long
-            # catch-up feeds lie far beyond its beam rows); without such rows, any.
-            near = [r for r in self.table if r <= self._seed_top] or list(self.table)
-            scale = _median([self.table[r] / max(a + b * r, 1e-12) for r in near]) if near else 1.0
-            return (a + b * rows) * scale
-        line = _line(self.table)
-        if line is None:
-            return float(rows)  # no data at all: proportional, so only ratios matter
-        a, b = line
-        return max(min(self.table.values()), a + b * rows)
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
-def _line(points: dict[int, float]) -> Optional[tuple[float, float]]:
-    """Theil-Sen: the median of pairwise slopes (never negative) and the median intercept; a
-    single point gives a flat 10 %/row guess."""
-    if not points:
-        return None
-    xs = sorted(points)
-    if len(xs) == 1:
-        y = points[xs[0]]
-        return y * (1 - 0.1 * xs[0]), 0.1 * y
-    slope = max(0.0, _median([(points[b] - points[a]) / (b - a) for i, a in enumerate(xs) for b in xs[i + 1 :]]))
-    return _median([points[x] - slope * x for x in xs]), slope
 
 
 # Upper edges of the bins of the best beam's cumulative log q (the confidence model).
@@ -220,15 +153,21 @@ class Model:
     residuals: tuple[deque[float], deque[float]] = field(default_factory=lambda: (_window(), _window()))
     nodes: dict[tuple[int, int], float] = field(default_factory=dict)  # MMTAD: tree nodes per (gamma, width)
     frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
-    catchup: Optional[float] = None  # seconds per committed token the aux feeds when it drafts after plain steps
+    catchup: Optional[float] = None  # seconds per token the aux feeds when it drafts after plain steps, at pace 1
+    pace: Pace = field(default_factory=Pace)  # the machine's speed now, shared by the three tables
+
+    def __post_init__(self) -> None:
+        for costs, timed in ((self.target, "target"), (self.aux, "aux"), (self.tree, "target")):
+            costs.pace, costs.model = self.pace, timed
 
     def catchup_s(self, lag: int) -> float:
         """Seconds the aux spends feeding ``lag`` committed tokens it has not seen (the plain steps
         since its last draft) before it can draft: measured, else the slope of its cost line."""
         if lag <= 0:
             return 0.0
-        per = self.catchup if self.catchup is not None else max(self.aux(2) - self.aux(1), 0.0)
-        return lag * per
+        if self.catchup is not None:
+            return lag * self.catchup * self.pace.factor
+        return lag * max(self.aux(2) - self.aux(1), 0.0)
 
     def observe_catchup(self, rows: int, seconds: float) -> None:
         """A draft's first aux call fed ``rows`` committed tokens (more than the usual one or two)."""
@@ -236,6 +175,7 @@ class Model:
             return
         # Less the one-row call it includes, once that is measured (else all of it: a bit dear).
         per = max(0.0, seconds - self.aux(1)) / (rows - 1) if 1 in self.aux.table else seconds / rows
+        per /= self.pace.factor
         self.catchup = per if self.catchup is None else self.catchup + 0.2 * (per - self.catchup)
 
     def observe_overhead(self, drafting: bool, seconds: float) -> None:
@@ -253,10 +193,12 @@ class Model:
     def copy(self, frozen: bool) -> Model:
         """The cost tables as they stand and no acceptance history. Frozen, it is what a seeded
         run plans with, so that its choices (and text) depend on the seed and the tokens only."""
+        pace = self.pace.copy(frozen)
         return Model(
-            self.target.copy(frozen),
-            self.aux.copy(frozen),
-            self.tree.copy(frozen),
+            self.target.copy(frozen, pace),
+            self.aux.copy(frozen, pace),
+            self.tree.copy(frozen, pace),
+            pace=pace,
             overhead=self.overhead,
             draft_overhead=self.draft_overhead,
             residuals=(_window(self.residuals[0]), _window(self.residuals[1])),

@@ -243,19 +243,21 @@ def _native(bin_dir, paths, rendered, base, threads) -> dict:
 
 def _learned_costs(model: Model) -> dict[str, Any]:
     """What the adaptive controller learned during the bench, in milliseconds: a call's cost by
-    rows (target; MMTAD's tree verify apart) or beams (aux), as observed, the time a step
+    rows (target; MMTAD's tree verify apart) or beams (aux), as read at the end (through the
+    machine's ``pace`` then, against the moments the entries were learned), the time a step
     spends outside model calls, and what the aux takes per token it feeds after plain steps."""
 
     def ms(table: dict[int, float]) -> dict[str, float]:
         return {str(r): round(s * 1000, 3) for r, s in sorted(table.items())}
 
     return {
-        "target_ms": ms(model.target.table),
-        "aux_ms": ms(model.aux.table),
-        "tree_target_ms": ms(model.tree.table),
+        "target_ms": ms(model.target.entries()),
+        "aux_ms": ms(model.aux.entries()),
+        "tree_target_ms": ms(model.tree.entries()),
+        "pace": round(model.pace.factor, 3),
         "calibration_target_ms": ms(model.target.seed),
         "calibration_aux_ms": ms(model.aux.seed),
         "plain_step_overhead_ms": round(model.overhead * 1000, 3),
         "draft_step_overhead_ms": round(model.draft_overhead * 1000, 3),
-        "aux_catchup_ms_per_token": None if model.catchup is None else round(model.catchup * 1000, 3),
+        "aux_catchup_ms_per_token": None if model.catchup is None else round(model.catchup_s(1) * 1000, 3),
     }
