@@ -294,19 +294,27 @@ class Controller:
         return best
 
     def keep_going(self, depth: int, cum_logq: float) -> bool:
-        """After ``depth`` drafted tokens whose best beam has cumulative log q ``cum_logq``: is one
-        more token expected to raise tokens per second? It is when its expected tokens per extra
-        second beat the step's average so far (the marginal test for a ratio E/T). Its chance is
-        P(depth accepted | confidence) x P(depth + 1 accepted | depth accepted)."""
+        """After ``depth`` drafted tokens whose best beam has cumulative log q ``cum_logq``: is
+        drafting on expected to raise tokens per second? It is when, for some depth up to the
+        plan's, the tokens it is expected to add per extra second beat the step's average so far
+        (the test for a ratio E/T; looking past the next depth because a verify's cost grows in
+        steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do). Depth j's chance
+        is P(depth accepted | confidence) x P(j accepted | depth accepted)."""
         plan = self._plan
         if plan is None or depth >= plan.gamma:
             return False
         if depth < min(plan.gamma, self.gammas[0]):  # the method's shortest draft (MTAD: 2) is drafted whole
             return True
         acc, w = self.acc, plan.width
-        gain = acc.given_confidence(w, cum_logq) * acc.survival(w, depth + 1) / max(acc.survival(w, depth), 1e-9)
-        extra = self.step_seconds(depth + 1, w) - self.step_seconds(depth, w)
-        return gain * self.step_seconds(depth, w) > self.expected_tokens(depth, w) * max(extra, 1e-12)
+        now = max(acc.survival(w, depth), 1e-9)
+        sure = acc.given_confidence(w, cum_logq)
+        seconds, tokens = self.step_seconds(depth, w), self.expected_tokens(depth, w)
+        gain = 0.0
+        for d in range(depth + 1, plan.gamma + 1):
+            gain += sure * acc.survival(w, d) / now
+            if gain * seconds > tokens * max(self.step_seconds(d, w) - seconds, 1e-12):
+                return True
+        return False
 
     def observe_step(
         self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float, calls_s: Optional[float] = None

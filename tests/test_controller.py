@@ -168,6 +168,25 @@ def test_keep_going_stops_an_unconfident_draft_when_aux_steps_cost():
     assert not ctrl.keep_going(3, -5.0)
 
 
+def test_keep_going_finishes_a_plan_whose_next_depth_alone_does_not_pay():
+    """A tree verify's cost grows in steps (here 10 rows cost more than 13, as measured backends
+    do): depth 3 alone loses, depths 3 and 4 together win, so the planned gamma 4 is drafted whole."""
+    ctrl = Controller(Model(), "mmtad", range(2, 5), (4,), tree=True)
+    ctrl.model.target.observe(1, 0.010)
+    ctrl.model.aux.observe(1, 0.001)
+    ctrl.model.aux.observe(4, 0.001)
+    for rows, seconds in ((7, 0.012), (10, 0.030), (13, 0.013)):  # gamma 2, 3, 4 at width 4
+        ctrl.model.tree.observe(rows, seconds)
+    for _ in range(50):
+        ctrl.acc.observe(4, 4, [-0.1, -0.2, -0.3, -0.4])
+    plan = ctrl.plan(4)
+    assert plan.gamma == 4
+    assert ctrl.step_seconds(3, 4) > ctrl.step_seconds(4, 4)
+    assert ctrl.keep_going(2, -0.2) and ctrl.keep_going(3, -0.3)
+    ctrl.model.tree.table[13] = 0.030  # depth 4 as dear as depth 3: neither pays
+    assert ctrl.plan(4).gamma == 2 and not ctrl.keep_going(2, -0.2)
+
+
 def test_fixed_controller_is_todays_behaviour():
     f = FixedController(4, 2)
     assert (f.plan(16).gamma, f.plan(16).width) == (4, 2) and f.plan(3).gamma == 3 and f.keep_going(1, -9.0)
