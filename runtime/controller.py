@@ -57,6 +57,33 @@ class _Rate:
 
 
 @dataclass
+class Delivered:
+    """How drafting steps delivered against their forecast: decayed sums of committed tokens and
+    of seconds (the aux's catch-up left out), realised and forecast. The cost tables are medians,
+    so they forecast a typical step; a step's mean is what tokens per second pay, and near a tie
+    between drafting and plain steps the gap decides. ``factor`` scales drafting's forecast rate
+    by it, shrunk towards 1 while few steps back it."""
+
+    decay: float = 0.97  # about the last thirty drafting steps
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # tokens, forecast; seconds, forecast; steps
+
+    def add(self, plan: Plan, tokens: float, seconds: float) -> None:
+        if plan.tokens <= 0 or plan.seconds <= 0 or seconds <= 0:
+            return
+        self.sums = [x * self.decay + y for x, y in zip(self.sums, (tokens, plan.tokens, seconds, plan.seconds, 1.0))]
+
+    def factor(self) -> float:
+        tokens, tokens_f, seconds, seconds_f, n = self.sums
+        if n <= 0:
+            return 1.0
+        ratio = min(max((tokens / tokens_f) * (seconds_f / seconds), 0.5), 2.0)
+        return float(ratio ** (n / (n + DELIVERED_PRIOR)))
+
+
+DELIVERED_PRIOR = 3.0  # steps' worth of trust in the forecast itself
+
+
+@dataclass
 class Acceptance:
     """P(k >= d) per beam width from recent steps (each observation decays the older ones by
     ``decay``), and P(a depth is accepted | the best beam's cumulative log q through it)."""
@@ -71,6 +98,7 @@ class Acceptance:
     since_draft: int = 0
     probe_every: int = 8
     plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
+    delivered: Delivered = field(default_factory=lambda: Delivered())  # drafting's forecasts, as they fared
 
     def observe(self, width: int, k: int, cum_logq: Floats) -> None:
         """A verified draft of len(cum_logq) tokens of which k were accepted."""
@@ -108,6 +136,7 @@ class Plan:
     width: int
     tokens: float = 0.0  # expected committed tokens (0: no prediction)
     seconds: float = 0.0  # expected wall seconds
+    timed: bool = True  # whether timings backed the forecast (else its costs are in rows, not seconds)
 
     @property
     def rate(self) -> float:
@@ -269,27 +298,30 @@ class Controller:
 
     def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
-        (the aux in step); ``lag``: committed tokens the aux has not seen, which a probe pays for."""
+        (the aux in step), drafting's rate scaled by how its forecasts have fared (``Delivered``);
+        ``lag``: committed tokens the aux has not seen, which a probe pays for."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
         options = []
         for w in self.widths:
             tokens = self.token_curve(w, gammas[-1])
             options += [Plan(g, w, tokens[g], max(self.step_seconds(g, w), 1e-12)) for g in gammas]
-        best = max(options, key=lambda p: p.rate)
-        self._probing, self._lag = False, lag
         acc = self.acc
+        delivered = acc.delivered.factor()  # drafting's forecasts against what they delivered
+        best = max(options, key=lambda p: p.rate * (delivered if p.gamma else 1.0))
+        self._probing, self._lag = False, lag
+        unknown = not (self.model.aux.known and self.model.target.known)
         if best.gamma == 0:
             acc.since_draft += 1
             drafts = [p for p in options if p.gamma > 0]
             if drafts and acc.since_draft >= acc.probe_every:  # a probe: the best draft, if earned
                 probe = max(drafts, key=lambda p: p.rate)
                 loss = self.step_seconds(probe.gamma, probe.width, lag) - probe.tokens * best.seconds
-                unknown = not (self.model.aux.known and self.model.target.known)  # costs in rows, not seconds
                 if unknown or loss <= PROBE_BUDGET * acc.plain_s:
                     acc.since_draft, acc.probe_every = 0, min(acc.probe_every * 2, 64)
                     best, self._probing = probe, True
         else:
             acc.since_draft, acc.probe_every = 0, 8
+        best.timed = not unknown
         self._plan = best
         return best
 
@@ -330,16 +362,20 @@ class Controller:
             # by PROBE_WIN) hints at a new regime: look again soon. One that found tokens but only
             # drew level, or lost, does not (where drafting does not pay, lucky probes would
             # otherwise make a slow draft every few steps).
-            # The aux's catching up is left out: drafting on, it would not recur.
+            # The aux's catching up is left out: drafting on, it would not recur. Like every
+            # drafting forecast, the step's rate is scaled by what drafting delivered on average.
             plain_rate = 1.0 / max(self.step_seconds(0, 1), 1e-12)
             steady = seconds - m.catchup_s(self._lag)
-            if self._probing and steady > 0 and (k + 1) / steady > PROBE_WIN * plain_rate:
+            rate = (k + 1) / steady * self.acc.delivered.factor() if steady > 0 else 0.0
+            if self._probing and rate > PROBE_WIN * plain_rate:
                 self.acc.probe_every = 2
             self.acc.plain_s = 0.0
         elif k is None:
             self.acc.plain_s += seconds
         if m.frozen:
             return
+        if k is not None and drafted and plan.timed:
+            self.acc.delivered.add(plan, k + 1, seconds - m.catchup_s(self._lag))
         if calls_s is None:
             calls_s = self.step_seconds(drafted, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
         m.observe_overhead(bool(drafted), seconds - calls_s)
