@@ -58,29 +58,30 @@ class _Rate:
 
 @dataclass
 class Delivered:
-    """How drafting steps delivered against their forecast: decayed sums of committed tokens and
-    of seconds (the aux's catch-up left out), realised and forecast. The cost tables are medians,
-    so they forecast a typical step; a step's mean is what tokens per second pay, and near a tie
-    between drafting and plain steps the gap decides. ``factor`` scales drafting's forecast rate
-    by it, shrunk towards 1 while few steps back it."""
+    """How long drafting steps took against their forecast: decayed sums of seconds, realised
+    (the aux's catch-up left out) and forecast for the draft as made. The cost tables and
+    overheads are medians, so they forecast a typical step; a step's mean is what tokens per
+    second pay, and near a tie between drafting and plain steps the gap decides. ``factor``
+    scales drafting's forecast rate by forecast/realised, shrunk towards 1 while few steps back
+    it. (Tokens are left to the acceptance model, which learns them directly: counted here too,
+    the prior's guesses in a request's first drafts would hold drafting back long after.)"""
 
     decay: float = 0.97  # about the last thirty drafting steps
-    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # tokens, forecast; seconds, forecast; steps
+    sums: list[float] = field(default_factory=lambda: [0.0] * 3)  # seconds, forecast seconds, steps
 
-    def add(self, plan: Plan, tokens: float, seconds: float) -> None:
-        if plan.tokens <= 0 or plan.seconds <= 0 or seconds <= 0:
-            return
-        self.sums = [x * self.decay + y for x, y in zip(self.sums, (tokens, plan.tokens, seconds, plan.seconds, 1.0))]
+    def add(self, seconds: float, forecast: float) -> None:
+        if seconds > 0 and forecast > 0:
+            self.sums = [x * self.decay + y for x, y in zip(self.sums, (seconds, forecast, 1.0))]
 
     def factor(self) -> float:
-        tokens, tokens_f, seconds, seconds_f, n = self.sums
+        seconds, forecast, n = self.sums
         if n <= 0:
             return 1.0
-        ratio = min(max((tokens / tokens_f) * (seconds_f / seconds), 0.5), 2.0)
+        ratio = min(max(forecast / seconds, 0.67), 1.5)
         return float(ratio ** (n / (n + DELIVERED_PRIOR)))
 
 
-DELIVERED_PRIOR = 3.0  # steps' worth of trust in the forecast itself
+DELIVERED_PRIOR = 5.0  # steps' worth of trust in the forecast itself
 
 
 @dataclass
@@ -98,7 +99,7 @@ class Acceptance:
     since_draft: int = 0
     probe_every: int = 8
     plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
-    delivered: Delivered = field(default_factory=lambda: Delivered())  # drafting's forecasts, as they fared
+    delivered: Delivered = field(default_factory=lambda: Delivered())  # drafting's time forecasts, as they fared
 
     def observe(self, width: int, k: int, cum_logq: Floats) -> None:
         """A verified draft of len(cum_logq) tokens of which k were accepted."""
@@ -375,7 +376,7 @@ class Controller:
         if m.frozen:
             return
         if k is not None and drafted and plan.timed:
-            self.acc.delivered.add(plan, k + 1, seconds - m.catchup_s(self._lag))
+            self.acc.delivered.add(seconds - m.catchup_s(self._lag), self.step_seconds(drafted, plan.width))
         if calls_s is None:
             calls_s = self.step_seconds(drafted, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
         m.observe_overhead(bool(drafted), seconds - calls_s)

@@ -529,3 +529,20 @@ def test_drafting_that_delivers_less_than_its_typical_step_gives_way_to_plain_st
     assert np.mean([r for r, _ in forgetful]) < 0.93 * plain  # the typical step's forecast drafts on
     assert np.mean([r for r, _ in learned]) > 0.97 * plain
     assert max(share for _, share in learned) < 0.1
+
+
+def test_a_change_of_mode_does_not_move_the_pace():
+    """The target's one-row entry was timed once, early, on a faster moment; then drafting ran for
+    a long while. When plain steps resume, that old entry must not be read as the machine slowing
+    down (which would price every drafting row 20 % dearer and keep the plain steps going): while
+    the drafting rows' timings are recent, they tell the row's change from the machine's."""
+    model = Model()
+    model.target.observe(1, 0.010)
+    for _ in range(200):
+        model.aux.observe(1, 0.005)
+        model.aux.observe(1, 0.005)
+        model.target.observe(3, 0.020)
+    for _ in range(30):  # long enough that the aux's timings no longer count for the pace
+        model.target.observe(1, 0.012)
+    assert model.target(1) == pytest.approx(0.012, rel=0.02)
+    assert model.target(3) == pytest.approx(0.020, rel=0.02) and model.aux(1) == pytest.approx(0.005, rel=0.02)
