@@ -28,7 +28,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from .costs import Costs, Pace, _median
+from .costs import Costs, Pace, median
 
 Floats = Union[Sequence[float], np.ndarray]  # per-depth values, as a list or an array
 
@@ -99,7 +99,7 @@ class Acceptance:
     since_draft: int = 0
     probe_every: int = 8
     plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
-    delivered: Delivered = field(default_factory=lambda: Delivered())  # drafting's time forecasts, as they fared
+    delivered: Delivered = field(default_factory=Delivered)  # drafting's time forecasts, as they fared
 
     def observe(self, width: int, k: int, cum_logq: Floats) -> None:
         """A verified draft of len(cum_logq) tokens of which k were accepted."""
@@ -213,9 +213,9 @@ class Model:
         window = self.residuals[drafting]
         window.append(max(0.0, seconds))
         if drafting:
-            self.draft_overhead = _median(list(window))
+            self.draft_overhead = median(list(window))
         else:
-            self.overhead = _median(list(window))
+            self.overhead = median(list(window))
 
     def for_key(self, key: str) -> Acceptance:
         return self.acceptance.setdefault(key, Acceptance())

@@ -56,7 +56,7 @@ class Pace:
         self.calls += 1
         self.recent.setdefault(key[0], deque(maxlen=PACE_WINDOW)).append((key, log_ratio))
         self.last[key[0]] = self.calls
-        says = [_median([r for _, r in q]) for q in self._live() if len(q) >= 3]
+        says = [median([r for _, r in q]) for q in self._live() if len(q) >= 3]
         if says:
             self.log = max(says) if max(says) < 0 else min(says) if min(says) > 0 else 0.0
 
@@ -127,7 +127,7 @@ class Costs:
             return
         recent = self._recent.setdefault(rows, deque(maxlen=ROW_WINDOW))
         recent.append(x - entry - self.pace.log)
-        shift = _median(list(recent) + [0.0] * (ROW_WINDOW - len(recent)))
+        shift = median(list(recent) + [0.0] * (ROW_WINDOW - len(recent)))
         self.table[rows] = math.exp(entry + self.alpha * shift)
 
     def __call__(self, rows: int) -> float:
@@ -145,7 +145,7 @@ class Costs:
             # Rows the calibration covered say how the machine compares with it (an aux's long
             # catch-up feeds lie far beyond its beam rows); without such rows, any.
             near = [r for r in self.table if r <= self._seed_top] or list(self.table)
-            scale = _median([self.table[r] / max(a + b * r, 1e-12) for r in near]) if near else 1.0
+            scale = median([self.table[r] / max(a + b * r, 1e-12) for r in near]) if near else 1.0
             return (a + b * rows) * scale
         line = _line(self.table)
         if line is None:
@@ -154,7 +154,7 @@ class Costs:
         return max(min(self.table.values()), a + b * rows)
 
 
-def _median(xs: list[float]) -> float:
+def median(xs: list[float]) -> float:
     xs = sorted(xs)
     n = len(xs)
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
@@ -169,5 +169,5 @@ def _line(points: dict[int, float]) -> Optional[tuple[float, float]]:
     if len(xs) == 1:
         y = points[xs[0]]
         return y * (1 - 0.1 * xs[0]), 0.1 * y
-    slope = max(0.0, _median([(points[b] - points[a]) / (b - a) for i, a in enumerate(xs) for b in xs[i + 1 :]]))
-    return _median([points[x] - slope * x for x in xs]), slope
+    slope = max(0.0, median([(points[b] - points[a]) / (b - a) for i, a in enumerate(xs) for b in xs[i + 1 :]]))
+    return median([points[x] - slope * x for x in xs]), slope
