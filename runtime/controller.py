@@ -371,12 +371,12 @@ class Controller:
             if self._probing and rate > PROBE_WIN * plain_rate:
                 self.acc.probe_every = 2
             self.acc.plain_s = 0.0
+            if not m.frozen and plan.timed:
+                self.acc.delivered.add(steady, self.step_seconds(drafted, plan.width))
         elif k is None:
             self.acc.plain_s += seconds
         if m.frozen:
             return
-        if k is not None and drafted and plan.timed:
-            self.acc.delivered.add(seconds - m.catchup_s(self._lag), self.step_seconds(drafted, plan.width))
         if calls_s is None:
             calls_s = self.step_seconds(drafted, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
         m.observe_overhead(bool(drafted), seconds - calls_s)
