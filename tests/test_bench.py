@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from helpers import FakeLM
 from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.native import llama_bench, speculative_simple
+from mtad_edge.bench.run import run_order
 from mtad_edge.bench.score import perplexity, token_logprobs
 from mtad_edge.cli import cli
 from mtad_edge.runtime.backend import Batch
@@ -109,6 +110,11 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
     for run in runs:
         seeds[(run["repeat"], run["prompt_id"])].add(run["seed"])
     assert all(len(s) == 1 for s in seeds.values())  # methods share a seed within a repeat
+    # Rows come back in listed order; each prompt-run ran its variants in its own seeded order.
+    assert [r["label"] for r in runs] == ["ar", "sd", "mtad"] * 4
+    orders = [tuple(r["ran"] for r in runs[i : i + 3]) for i in range(0, 12, 3)]
+    assert all(sorted(o) == [0, 1, 2] for o in orders)
+    assert [tuple(run_order(3, r["seed"]).index(k) for k in range(3)) for r in runs[::3]] == orders
     assert len(res["sweep"]) == 4 and {s["beam_width"] for s in res["sweep"]} == {4, 2}
     md = (out / "report.md").read_text()
     assert "| mtad |" in md and "MTAD sweep" in md
@@ -118,6 +124,14 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
         import matplotlib.pyplot as plt
 
         assert plt.imread(out / png).ndim == 3
+
+
+def test_run_order_is_a_seeded_permutation_that_moves_every_variant():
+    orders = [run_order(6, seed) for seed in range(40)]
+    assert all(sorted(o) == list(range(6)) for o in orders)
+    assert orders == [run_order(6, seed) for seed in range(40)]  # the same seed, the same order
+    for k in range(6):  # each variant runs first, and last, for some prompts
+        assert any(o[0] == k for o in orders) and any(o[-1] == k for o in orders)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import resource
 import statistics
 import sys
@@ -143,17 +144,31 @@ VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 def run_bench(
     engine: Engine, prompts: list[dict[str, Any]], cfg: BenchConfig, progress: Callable[[int], None] = lambda n: None
 ) -> list[dict[str, Any]]:
-    """Rows for repeats x prompts x variants. Within a repeat every variant gets the same seed."""
+    """Rows for repeats x prompts x variants. Within a repeat every variant gets the same seed.
+
+    The variants run in a fresh seeded order for each prompt and repeat: the engine keeps what it
+    learned (costs, acceptance) and the machine warms up, so a fixed order would hand every variant
+    the same neighbour. Rows come back in canonical order (repeat, prompt, variant as listed)."""
     meter = EnergyMeter()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for rep in range(cfg.repeats):
         for i, item in enumerate(prompts):
             seed = (cfg.decode.seed or 0) + 1000 * rep + i
-            for v in cfg.variants:
+            done: dict[int, dict[str, Any]] = {}
+            for position, k in enumerate(run_order(len(cfg.variants), seed)):
+                v = cfg.variants[k]
                 row = measure(engine, item, v.config(cfg.decode, seed), meter)
-                rows.append({"label": v.label, "prompt_id": item["id"], "repeat": rep, **row})
+                done[k] = {"label": v.label, "prompt_id": item["id"], "repeat": rep, "ran": position, **row}
                 progress(1)
+            rows.extend(done[k] for k in range(len(cfg.variants)))
     return rows
+
+
+def run_order(n: int, seed: int) -> list[int]:
+    """The order the n variants of one prompt run in: a permutation drawn from the prompt's seed."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order
 
 
 def _total(rows, key):
