@@ -58,13 +58,15 @@ class _Rate:
 
 @dataclass
 class Delivered:
-    """How long drafting steps took against their forecast: decayed sums of seconds, realised
-    (the aux's catch-up left out) and forecast for the draft as made. The cost tables and
-    overheads are medians, so they forecast a typical step; a step's mean is what tokens per
-    second pay, and near a tie between drafting and plain steps the gap decides. ``factor``
-    scales drafting's forecast rate by forecast/realised, shrunk towards 1 while few steps back
-    it. (Tokens are left to the acceptance model, which learns them directly: counted here too,
-    the prior's guesses in a request's first drafts would hold drafting back long after.)"""
+    """How long steps of one kind (drafting, or plain) took against their forecast: decayed sums
+    of seconds, realised (the aux's catch-up left out) and forecast for the step as made. The
+    cost tables and overheads are medians, so they forecast a typical step; a step's mean is what
+    tokens per second pay, and near a tie between drafting and plain steps the gap decides (it
+    differs between them: a 1-row ONNX Runtime call's mean ran 12 % above its median, a 2-row
+    call's 6 %). ``factor`` scales that kind's forecast rate by forecast/realised, shrunk towards 1
+    while few steps back it. (Tokens are left to the acceptance model, which learns them
+    directly: counted here too, the prior's guesses in a request's first drafts would hold
+    drafting back long after.)"""
 
     decay: float = 0.97  # about the last thirty drafting steps
     sums: list[float] = field(default_factory=lambda: [0.0] * 3)  # seconds, forecast seconds, steps
@@ -100,6 +102,7 @@ class Acceptance:
     probe_every: int = 8
     plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
     delivered: Delivered = field(default_factory=Delivered)  # drafting's time forecasts, as they fared
+    plain_delivered: Delivered = field(default_factory=Delivered)  # and plain steps'
 
     def observe(self, width: int, k: int, cum_logq: Floats) -> None:
         """A verified draft of len(cum_logq) tokens of which k were accepted."""
@@ -307,8 +310,9 @@ class Controller:
             tokens = self.token_curve(w, gammas[-1])
             options += [Plan(g, w, tokens[g], max(self.step_seconds(g, w), 1e-12)) for g in gammas]
         acc = self.acc
-        delivered = acc.delivered.factor()  # drafting's forecasts against what they delivered
-        best = max(options, key=lambda p: p.rate * (delivered if p.gamma else 1.0))
+        # Each kind's forecasts against what they delivered: both compared at their mean.
+        delivered, plain = acc.delivered.factor(), acc.plain_delivered.factor()
+        best = max(options, key=lambda p: p.rate * (delivered if p.gamma else plain))
         self._probing, self._lag = False, lag
         unknown = not (self.model.aux.known and self.model.target.known)
         if best.gamma == 0:
@@ -316,7 +320,7 @@ class Controller:
             drafts = [p for p in options if p.gamma > 0]
             if drafts and acc.since_draft >= acc.probe_every:  # a probe: the best draft, if earned
                 probe = max(drafts, key=lambda p: p.rate)
-                loss = self.step_seconds(probe.gamma, probe.width, lag) - probe.tokens * best.seconds
+                loss = self.step_seconds(probe.gamma, probe.width, lag) - probe.tokens * best.seconds / plain
                 if unknown or loss <= PROBE_BUDGET * acc.plain_s:
                     acc.since_draft, acc.probe_every = 0, min(acc.probe_every * 2, 64)
                     best, self._probing = probe, True
@@ -365,7 +369,7 @@ class Controller:
             # otherwise make a slow draft every few steps).
             # The aux's catching up is left out: drafting on, it would not recur. Like every
             # drafting forecast, the step's rate is scaled by what drafting delivered on average.
-            plain_rate = 1.0 / max(self.step_seconds(0, 1), 1e-12)
+            plain_rate = self.acc.plain_delivered.factor() / max(self.step_seconds(0, 1), 1e-12)
             steady = seconds - m.catchup_s(self._lag)
             rate = (k + 1) / steady * self.acc.delivered.factor() if steady > 0 else 0.0
             if self._probing and rate > PROBE_WIN * plain_rate:
@@ -375,6 +379,8 @@ class Controller:
                 self.acc.delivered.add(steady, self.step_seconds(drafted, plan.width))
         elif k is None:
             self.acc.plain_s += seconds
+            if not m.frozen and plan.timed:
+                self.acc.plain_delivered.add(seconds, self.step_seconds(0, 1))
         if m.frozen:
             return
         if calls_s is None:
