@@ -281,15 +281,17 @@ def test_a_seeded_run_learns_only_when_asked():
 
 
 def test_mtad_auto_drafts_its_shortest_draft_whole():
-    """MTAD's floor is two tokens: keep_going does not cut a draft below it, however unconfident."""
-    ctrl = Controller(Model(), "mtad", range(2, 7), (4,), tree=False)
+    """MTAD's floor is three tokens when sampling: keep_going does not cut a draft below it,
+    however unconfident, and the loop drafts no shorter (but for the last step, cut at max_tokens)."""
+    ctrl = Controller(Model(), "mtad", range(3, 7), (4,), tree=False)
     ctrl.plan(6)
-    assert ctrl.keep_going(1, -50.0)
+    assert ctrl.keep_going(1, -50.0) and ctrl.keep_going(2, -50.0)
     clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
     gen = Generation(target, aux, [1, 2, 3], auto(method="mtad"), clock=clock)
     [t for b in gen for t in b]
     hist = gen.stats.gamma_hist
-    assert hist.get(1, 0) <= 1 and sum(n for g, n in hist.items() if g >= 2) > 10, hist  # 1: the last step, at most
+    short = sum(n for g, n in hist.items() if g < 3)
+    assert short <= 1 and sum(n for g, n in hist.items() if g >= 3) > 10, hist
 
 
 def test_a_disturbed_step_does_not_make_drafting_look_cheap():
@@ -317,7 +319,7 @@ def test_the_loop_measures_what_its_calls_took():
     assert gen.model.draft_overhead == 0.0
 
 
-def test_greedy_mtad_auto_drops_the_two_token_floor():
+def test_greedy_mtad_auto_drops_its_floor():
     """At temperature 0 every draft length gives ar's text, so the floor that keeps MTAD's test
     joint has nothing to keep: where the draft is useless and costly, mtad auto steps plainly."""
     clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
