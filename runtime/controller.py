@@ -68,7 +68,7 @@ class Delivered:
     directly: counted here too, the prior's guesses in a request's first drafts would hold
     drafting back long after.)"""
 
-    decay: float = 0.97  # about the last thirty drafting steps
+    decay: float = 0.97  # about the last thirty steps of its kind
     sums: list[float] = field(default_factory=lambda: [0.0] * 3)  # seconds, forecast seconds, steps
 
     def add(self, seconds: float, forecast: float) -> None:
