@@ -367,8 +367,8 @@ class Controller:
             # by PROBE_WIN) hints at a new regime: look again soon. One that found tokens but only
             # drew level, or lost, does not (where drafting does not pay, lucky probes would
             # otherwise make a slow draft every few steps).
-            # The aux's catching up is left out: drafting on, it would not recur. Like every
-            # drafting forecast, the step's rate is scaled by what drafting delivered on average.
+            # The aux's catching up is left out: drafting on, it would not recur. As in plan(),
+            # each side's rate is scaled by what its kind of step delivered on average.
             plain_rate = self.acc.plain_delivered.factor() / max(self.step_seconds(0, 1), 1e-12)
             steady = seconds - m.catchup_s(self._lag)
             rate = (k + 1) / steady * self.acc.delivered.factor() if steady > 0 else 0.0
