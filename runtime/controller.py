@@ -6,9 +6,10 @@ Pure logic, no model calls. Three small parts:
   table for the target, one for the aux, one for MMTAD's tree verify), learned from the calls
   decoding makes anyway, optionally seeded by a calibration at load time, and read through the
   machine's shared ``Pace``;
-- ``Acceptance``: from the recent steps, the chance that depth d of a draft is accepted
-  (``P(k >= d)``, per beam width), and the same given the draft's own confidence (the best beam's
-  cumulative log q, as llama.cpp's p_min and SpecDec++'s stopping rule use it);
+- ``Acceptance`` (``acceptance.py``): from the recent steps, the chance that depth d of a draft is
+  accepted (``P(k >= d)``, per beam width), the same given the draft's own confidence (the best
+  beam's cumulative log q, as llama.cpp's p_min and SpecDec++'s stopping rule use it), and the
+  beams a draft keeps alive (what its aux calls cost);
 - ``Controller``: before each step, the (gamma, width) that maximises expected committed tokens
   per second, with gamma 0 meaning one plain target step; while drafting, whether one more depth
   is expected to pay for its aux call and its extra verified row.
@@ -24,114 +25,12 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Optional, Union
+from typing import Optional
 
-import numpy as np
-
+from .acceptance import Acceptance, Delivered, Floats
 from .costs import Costs, Pace, median
 
-Floats = Union[Sequence[float], np.ndarray]  # per-depth values, as a list or an array
-
-
-# Upper edges of the bins of the best beam's cumulative log q (the confidence model).
-CONF_EDGES = (-4.0, -2.0, -1.0, -0.5, -0.2, 0.0)
-
-
-def _conf_bin(cum_logq: float) -> int:
-    return next((i for i, edge in enumerate(CONF_EDGES) if cum_logq <= edge), len(CONF_EDGES) - 1)
-
-
-@dataclass
-class _Rate:
-    """A decaying success rate with a Beta-like prior."""
-
-    hits: float = 0.0
-    tries: float = 0.0
-
-    def add(self, hit: bool, decay: float) -> None:
-        self.hits = self.hits * decay + (1.0 if hit else 0.0)
-        self.tries = self.tries * decay + 1.0
-
-    def value(self, prior: float, weight: float) -> float:
-        return (self.hits + prior * weight) / (self.tries + weight)
-
-
-@dataclass
-class Delivered:
-    """How long steps of one kind (drafting, or plain) took against their forecast: decayed sums
-    of seconds, realised (the aux's catch-up left out) and forecast for the step as made. The
-    cost tables and overheads are medians, so they forecast a typical step; a step's mean is what
-    tokens per second pay, and near a tie between drafting and plain steps the gap decides (it
-    differs between them: a 1-row ONNX Runtime call's mean ran 12 % above its median, a 2-row
-    call's 6 %). ``factor`` scales that kind's forecast rate by forecast/realised, shrunk towards 1
-    while few steps back it. (Tokens are left to the acceptance model, which learns them
-    directly: counted here too, the prior's guesses in a request's first drafts would hold
-    drafting back long after.)"""
-
-    decay: float = 0.97  # about the last thirty steps of its kind
-    sums: list[float] = field(default_factory=lambda: [0.0] * 3)  # seconds, forecast seconds, steps
-
-    def add(self, seconds: float, forecast: float) -> None:
-        if seconds > 0 and forecast > 0:
-            self.sums = [x * self.decay + y for x, y in zip(self.sums, (seconds, forecast, 1.0))]
-
-    def factor(self) -> float:
-        seconds, forecast, n = self.sums
-        if n <= 0:
-            return 1.0
-        ratio = min(max(forecast / seconds, 0.67), 1.5)
-        return float(ratio ** (n / (n + DELIVERED_PRIOR)))
-
-
-DELIVERED_PRIOR = 5.0  # steps' worth of trust in the forecast itself
-
-
-@dataclass
-class Acceptance:
-    """P(k >= d) per beam width from recent steps (each observation decays the older ones by
-    ``decay``), and P(a depth is accepted | the best beam's cumulative log q through it)."""
-
-    decay: float = 0.95
-    prior: float = 0.6  # optimistic enough that unexplored depths get tried
-    weight: float = 1.0
-    depth: dict[tuple[int, int], _Rate] = field(default_factory=dict)  # (width, d) -> rate
-    conf: dict[tuple[int, int], _Rate] = field(default_factory=dict)  # (width, bin) -> rate
-    # The probe schedule while plain steps win (Controller.plan): kept with the acceptance it
-    # measures, so a chat or a server does not start probing afresh with every request.
-    since_draft: int = 0
-    probe_every: int = 8
-    plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
-    delivered: Delivered = field(default_factory=Delivered)  # drafting's time forecasts, as they fared
-    plain_delivered: Delivered = field(default_factory=Delivered)  # and plain steps'
-
-    def observe(self, width: int, k: int, cum_logq: Floats) -> None:
-        """A verified draft of len(cum_logq) tokens of which k were accepted."""
-        for d, c in enumerate(cum_logq, start=1):
-            self.depth.setdefault((width, d), _Rate()).add(k >= d, self.decay)
-            self.conf.setdefault((width, _conf_bin(c)), _Rate()).add(k >= d, self.decay)
-
-    def survival(self, width: int, d: int) -> float:
-        """P(k >= d): depth d's own rate where it has been drafted, else the last known
-        depth-to-depth ratio continued geometrically."""
-        if d == 0 or (width, d) in self.depth:
-            return self._at(width, d)
-        known = [j for j in range(1, d) if (width, j) in self.depth]
-        if not known:
-            return float(self.prior**d)
-        last = known[-1]
-        ratio = self._at(width, last) / max(self._at(width, last - 1), 1e-9)
-        return self._at(width, last) * min(ratio, 1.0) ** (d - last)
-
-    def given_confidence(self, width: int, cum_logq: float) -> float:
-        """P(a drafted depth is accepted | the best beam's cumulative log q through it)."""
-        rate = self.conf.get((width, _conf_bin(cum_logq)))
-        return rate.value(self.prior, self.weight) if rate else self.prior
-
-    def _at(self, width: int, d: int) -> float:
-        if d == 0:
-            return 1.0
-        rate = self.depth.get((width, d))
-        return rate.value(self.prior, self.weight) if rate else float(self.prior**d)
+__all__ = ["Acceptance", "Controller", "Costs", "Delivered", "FixedController", "Model", "Pace", "Plan"]
 
 
 @dataclass
@@ -162,6 +61,9 @@ class FixedController:
     def observe_step(
         self, plan: Plan, k: Optional[int], cum_logq: Floats, seconds: float, calls_s: Optional[float] = None
     ) -> None:
+        pass
+
+    def observe_beams(self, width: int, rows: Sequence[int]) -> None:
         pass
 
     def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
@@ -252,20 +154,23 @@ class Controller:
     """Picks (gamma, width) each step to maximise expected committed tokens per second.
 
     A step with gamma g >= 1 and width w costs one aux call on the pending token or two
-    (``first_aux_s``), g - 1 aux calls of w rows, one target call on ``verify_rows(g, w)`` rows and
-    the per-step overhead; it commits 1 + sum_{d<=g} P(k >= d) tokens. Gamma 0 is one target row for
-    one token. Plain and drafting steps learn their own overhead (time outside model calls). When
-    gamma 0 wins it still drafts now and then, so that acceptance stays measured and a change of
-    regime is noticed: after 8 plain steps, doubling while probes lose, at most every 64 (again
-    after 2 when a probe beat a plain step clearly), and only once the plain steps since the last
-    draft have earned the probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux
-    feeding the tokens it skipped (``lag``), which is what a probe costs most where drafting does
-    not pay: probes then come early in a request, or not at all in a long one, and cost at most a
-    few per cent.
+    (``first_aux_s``), g - 1 aux calls of a row per live beam (``beam_call_s``), one target call on
+    ``verify_rows(g, w)`` rows and the per-step overhead; it commits 1 + sum_{d<=g} P(k >= d)
+    tokens. Gamma 0 is one target row for one token. Plain and drafting steps learn their own
+    overhead (time outside model calls). When gamma 0 wins it still drafts now and then, so that
+    acceptance stays measured and a change of regime is noticed: after 8 plain steps, doubling while
+    probes lose, at most every 64 (again after 2 when a probe beat a plain step clearly), and only
+    once the plain steps since the last draft have earned the probe's expected loss at
+    ``PROBE_BUDGET``. That loss counts the aux feeding the tokens it skipped (``lag``), which is
+    what a probe costs most where drafting does not pay: probes then come early in a request, or not
+    at all in a long one, and cost at most a few per cent.
     """
 
-    def __init__(self, model: Model, key: str, gammas: range, widths: Sequence[int], tree: bool):
+    def __init__(
+        self, model: Model, key: str, gammas: range, widths: Sequence[int], tree: bool, longer_within: float = 0.0
+    ):
         self.model, self.acc = model, model.for_key(key)
+        self.longer_within = longer_within  # a longer draft within this share of the fastest's rate wins
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
         self._plan: Optional[Plan] = None
         self._probing = False
@@ -275,7 +180,23 @@ class Controller:
         """Rows of the target call: the pending token plus the draft, or plus the tree's nodes."""
         if not self.tree or gamma == 0:
             return gamma + 1
-        return 1 + round(self.model.nodes.get((gamma, width), gamma * width * 0.75))
+        return 1 + round(self.nodes(gamma, width))
+
+    def nodes(self, gamma: int, width: int) -> float:
+        """A tree's nodes: as measured at (gamma, width), else in proportion to the nearest gamma
+        measured at that width (the beams alive per depth), else three quarters of g x w."""
+        known = self.model.nodes
+        if (gamma, width) in known:
+            return known[(gamma, width)]
+        near = min((g for g, w in known if w == width), key=lambda g: (abs(g - gamma), -g), default=None)
+        return known[(near, width)] * gamma / near if near else gamma * width * 0.75
+
+    def beam_call_s(self, width: int) -> float:
+        """Expected seconds of a draft's aux call after its first: one row per live beam, as
+        this method's drafts at ``width`` have kept them alive (else ``width`` rows)."""
+        shares = self.acc.beams.shares(width)
+        aux = self.model.aux
+        return sum(p * aux(r) for r, p in shares.items()) if shares else aux(width)
 
     def step_seconds(self, gamma: int, width: int, lag: int = 0) -> float:
         """Expected wall seconds of a step; ``lag``: committed tokens the aux must feed first."""
@@ -283,7 +204,11 @@ class Controller:
         if gamma == 0:
             return m.target(1) + m.overhead
         verify = m.tree if self.tree and m.tree.known else m.target
-        calls = self.first_aux_s(gamma, width) + (gamma - 1) * m.aux(width) + verify(self.verify_rows(gamma, width))
+        calls = (
+            self.first_aux_s(gamma, width)
+            + (gamma - 1) * self.beam_call_s(width)
+            + verify(self.verify_rows(gamma, width))
+        )
         return calls + m.draft_overhead + m.catchup_s(lag)
 
     def first_aux_s(self, gamma: int, width: int) -> float:
@@ -303,7 +228,9 @@ class Controller:
     def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
         (the aux in step), drafting's rate scaled by how its forecasts have fared (``Delivered``);
-        ``lag``: committed tokens the aux has not seen, which a probe pays for."""
+        ``lag``: committed tokens the aux has not seen, which a probe pays for. With
+        ``longer_within`` (MTAD when sampling) the longest gamma at the best width whose rate is
+        within that share of the best's."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
         options = []
         for w in self.widths:
@@ -312,7 +239,14 @@ class Controller:
         acc = self.acc
         # Each kind's forecasts against what they delivered: both compared at their mean.
         delivered, plain = acc.delivered.factor(), acc.plain_delivered.factor()
-        best = max(options, key=lambda p: p.rate * (delivered if p.gamma else plain))
+
+        def score(p: Plan) -> float:
+            return p.rate * (delivered if p.gamma else plain)
+
+        best = max(options, key=score)
+        if self.longer_within and best.gamma:  # a longer joint draft, nearly as fast, gives better text
+            near = (1 - self.longer_within) * score(best)
+            best = max((p for p in options if p.width == best.width and score(p) >= near), key=lambda p: p.gamma)
         self._probing, self._lag = False, lag
         unknown = not (self.model.aux.known and self.model.target.known)
         if best.gamma == 0:
@@ -335,12 +269,13 @@ class Controller:
         drafting on expected to raise tokens per second? It is when, for some depth up to the
         plan's, the tokens it is expected to add per extra second beat the step's average so far
         (the test for a ratio E/T; looking past the next depth because a verify's cost grows in
-        steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do). Depth j's chance
+        steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do), less
+        ``longer_within`` as in ``plan``. Depth j's chance
         is P(depth accepted | confidence) x P(j accepted | depth accepted)."""
         plan = self._plan
         if plan is None or depth >= plan.gamma:
             return False
-        if depth < min(plan.gamma, self.gammas[0]):  # the method's shortest draft (MTAD: 2) is drafted whole
+        if depth < min(plan.gamma, self.gammas[0]):  # the method's shortest draft (MTAD: 3) is drafted whole
             return True
         acc, w = self.acc, plan.width
         now = max(acc.survival(w, depth), 1e-9)
@@ -349,7 +284,8 @@ class Controller:
         gain = 0.0
         for d in range(depth + 1, plan.gamma + 1):
             gain += sure * acc.survival(w, d) / now
-            if gain * seconds > tokens * max(self.step_seconds(d, w) - seconds, 1e-12):
+            # (tokens + gain) / step_seconds(d) beats tokens / seconds, less longer_within
+            if (tokens + gain) * seconds > (1 - self.longer_within) * tokens * self.step_seconds(d, w):
                 return True
         return False
 
@@ -386,6 +322,10 @@ class Controller:
         if calls_s is None:
             calls_s = self.step_seconds(drafted, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
         m.observe_overhead(bool(drafted), seconds - calls_s)
+
+    def observe_beams(self, width: int, rows: Sequence[int]) -> None:
+        """A draft at ``width`` made aux calls of these rows after its first (its live beams)."""
+        self.acc.beams.observe(width, rows)
 
     def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
         old = self.model.nodes.get((gamma, width))

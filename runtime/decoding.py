@@ -179,7 +179,8 @@ class Generation:
         widths = [fixed_width] if fixed_width else list(range(1, self.max_width + 1))
         s = cfg.sampling
         key = f"{m.name} T={s.temperature} k={s.top_k} p={s.top_p} a={cfg.accept_threshold}"
-        return Controller(self.model, key, gammas, widths, tree=m.tree)
+        longer = 0.0 if cfg.sampling.greedy else m.longer_within
+        return Controller(self.model, key, gammas, widths, tree=m.tree, longer_within=longer)
 
     def _width_capacity(self) -> int:
         """The widest beam the loaded contexts hold ('auto' width picks up to it)."""
@@ -317,6 +318,7 @@ class Generation:
         with self.timed("draft_s"):
             draft = self.drafter.propose(self.tokens, gamma, width, rows=rows, keep_going=keep_going)
         self._calls_s += sum(seconds for _, seconds in draft.calls)
+        self.controller.observe_beams(width, [n for n, _ in draft.calls[1:]])
         for i, (n, seconds) in enumerate(draft.calls):
             if i == 0 and n > 2:  # the aux fed committed tokens it had skipped (plain steps): a catch-up
                 self.model.observe_catchup(n, seconds)

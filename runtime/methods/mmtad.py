@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 class MMTAD(Method):
     min_auto_gamma = MTAD.min_auto_gamma  # a joint draft, as mtad's (see there)
+    longer_within = MTAD.longer_within
     name = "mmtad"
     summary = "MTAD verifying all beams at once as a tree"
     uses_beams = True

@@ -1,0 +1,100 @@
+"""What a beam draft costs when its beams collapse, and MTAD's preference for a longer joint draft
+where it costs next to nothing: the controller's pure logic, then the loop on fake backends."""
+
+import pytest
+
+from helpers import FakeClock, FakeLM
+from mtad_edge.runtime.acceptance import Beams
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.controller import Controller, Model
+from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.sampling import SamplingConfig
+
+
+def always_accepted(ctrl: Controller, width: int, gamma: int = 8, steps: int = 60) -> None:
+    for _ in range(steps):
+        ctrl.acc.observe(width, gamma, [-0.1 * d for d in range(1, gamma + 1)])
+
+
+def beam_machine() -> Model:
+    """A target step of 10 ms plus 2 ms a row; the aux 4 ms a row."""
+    model = Model()
+    for rows in (1, 2, 5, 9):
+        model.target.observe(rows, 0.010 + 0.002 * rows)
+    for rows in (1, 2, 3, 4):
+        model.aux.observe(rows, 0.004 * rows)
+    return model
+
+
+def test_beams_count_the_rows_of_the_calls_after_the_first():
+    b = Beams(decay=1.0)
+    assert b.shares(4) is None
+    b.observe(4, [1, 1, 4])
+    b.observe(4, [2])
+    assert b.shares(4) == {1: 0.5, 2: 0.25, 4: 0.25}
+    b.observe(2, [3])  # more rows than the width: counted as the width
+    assert b.shares(2) == {2: 1.0}
+
+
+def test_a_collapsed_beam_is_priced_by_its_live_rows():
+    """A width-4 draft whose top-k / top-p leaves one candidate evaluates one row per aux call,
+    not four (Gemma 3 270M at T=1: three in four of its calls). Priced at four rows, drafting
+    deep looks dear; priced at what its calls evaluate, it pays."""
+    ctrl = Controller(beam_machine(), "mtad", range(1, 9), (4,), tree=False)
+    always_accepted(ctrl, 4)
+    assert ctrl.beam_call_s(4) == pytest.approx(0.016)
+    assert ctrl.plan(8).gamma == 1  # every depth adds 18 ms for one token: the shortest draft
+    for _ in range(30):
+        ctrl.observe_beams(4, [1] * 7)
+    assert ctrl.beam_call_s(4) == pytest.approx(0.004)
+    assert ctrl.step_seconds(8, 4) == pytest.approx(ctrl.first_aux_s(8, 4) + 7 * 0.004 + 0.010 + 0.002 * 9)
+    assert ctrl.plan(8).gamma == 8  # now a depth adds 6 ms: the longest
+
+
+def test_an_unmeasured_tree_is_sized_from_the_measured_gammas_at_its_width():
+    model = Model()
+    ctrl = Controller(model, "mmtad", range(3, 9), (4,), tree=True)
+    assert ctrl.verify_rows(4, 4) == 1 + 12  # nothing measured: three quarters of g x w
+    model.nodes[(3, 4)] = 6.0  # collapsed beams: two nodes a depth
+    assert ctrl.verify_rows(3, 4) == 7 and ctrl.verify_rows(6, 4) == 13
+    model.nodes[(8, 4)] = 24.0
+    assert ctrl.verify_rows(7, 4) == 1 + 21  # the nearest measured gamma
+    assert ctrl.verify_rows(6, 2) == 1 + 9  # another width: nothing measured there
+
+
+def flat_machine(extra_s: float) -> Model:
+    """A drafting step of 10 ms plus ``extra_s`` a depth (the aux's 1 ms and the verify's row),
+    each depth one more token (always accepted)."""
+    model = Model()
+    for rows in (1, 2, 3, 4):
+        model.aux.observe(rows, 0.001)
+    for rows in range(1, 10):
+        model.target.observe(rows, 0.010 + (extra_s - 0.001) * (rows - 1))
+    return model
+
+
+@pytest.mark.parametrize(("extra_s", "slack", "gamma"), [(0.012, 0.03, 8), (0.012, 0.0, 3), (0.025, 0.03, 3)])
+def test_a_joint_draft_takes_the_longest_gamma_nearly_as_fast(extra_s, slack, gamma):
+    """Past its floor MTAD's PPL still falls with the draft's length, so with ``longer_within``
+    it takes the longest gamma within that share of the fastest: at 12 ms a depth gamma 3 is
+    the fastest and 8 is 2.4 % slower. At 25 ms a depth, 4 is 3.4 % slower and 8 is 9 %: it
+    stays at 3. While drafting, the same slack lets the draft go on to the plan's length."""
+    ctrl = Controller(flat_machine(extra_s), "mtad", range(3, 9), (4,), tree=False, longer_within=slack)
+    always_accepted(ctrl, 4)
+    rates = {g: ctrl.expected_tokens(g, 4) / ctrl.step_seconds(g, 4) for g in range(3, 9)}
+    assert max(rates, key=rates.get) == 3
+    assert ctrl.plan(8).gamma == gamma
+    assert all(ctrl.keep_going(d, -0.1 * d) for d in range(gamma))
+    assert not ctrl.keep_going(gamma, -0.1 * gamma)
+
+
+def test_the_loop_learns_the_live_beams_of_its_drafts():
+    for top_k, rows in ((1, {1: 1.0}), (0, {3: 1.0})):
+        clock = FakeClock()
+        target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda r: 0.010 + 0.0005 * r)
+        aux = FakeLM(salt=2, n_seq_max=17, n_ctx=4096, clock=clock, cost=lambda r: 0.001 * r)
+        cfg = DecodeConfig("mtad", 60, gamma="auto", gamma_max=6, beam_width=3, sampling=SamplingConfig(1.0, top_k, 1.0))
+        gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
+        [t for b in gen for t in b]
+        assert isinstance(gen.controller, Controller)
+        assert gen.controller.acc.beams.shares(3) == rows  # top-k 1 leaves one candidate a depth
