@@ -167,10 +167,17 @@ class Controller:
     """
 
     def __init__(
-        self, model: Model, key: str, gammas: range, widths: Sequence[int], tree: bool, longer_within: float = 0.0
+        self,
+        model: Model,
+        key: str,
+        gammas: range,
+        widths: Sequence[int],
+        tree: bool,
+        prefer: tuple[int, float] = (0, 0.0),
     ):
         self.model, self.acc = model, model.for_key(key)
-        self.longer_within = longer_within  # a longer draft within this share of the fastest's rate wins
+        # (gamma, share): that gamma wins over a shorter draft forecast at most that share faster
+        self.prefer_gamma, self.prefer_within = prefer
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
         self._plan: Optional[Plan] = None
         self._probing = False
@@ -228,9 +235,9 @@ class Controller:
     def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
         (the aux in step), drafting's rate scaled by how its forecasts have fared (``Delivered``);
-        ``lag``: committed tokens the aux has not seen, which a probe pays for. With
-        ``longer_within`` (MTAD when sampling) the longest gamma at the best width whose rate is
-        within that share of the best's."""
+        ``lag``: committed tokens the aux has not seen, which a probe pays for. With ``prefer``
+        = (g, share) (MMTAD when sampling), gamma g at the best width rather than a shorter draft
+        whose rate is at most that share higher."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
         options = []
         for w in self.widths:
@@ -244,9 +251,10 @@ class Controller:
             return p.rate * (delivered if p.gamma else plain)
 
         best = max(options, key=score)
-        if self.longer_within and best.gamma:  # a longer joint draft, nearly as fast, gives better text
-            near = (1 - self.longer_within) * score(best)
-            best = max((p for p in options if p.width == best.width and score(p) >= near), key=lambda p: p.gamma)
+        if 0 < best.gamma < self.prefer_gamma:  # the draft length whose text is better, if nearly as fast
+            g = min(self.prefer_gamma, gammas[-1])
+            want = next((p for p in options if p.width == best.width and p.gamma == g), best)
+            best = want if score(want) >= (1 - self.prefer_within) * score(best) else best
         self._probing, self._lag = False, lag
         unknown = not (self.model.aux.known and self.model.target.known)
         if best.gamma == 0:
@@ -270,7 +278,7 @@ class Controller:
         plan's, the tokens it is expected to add per extra second beat the step's average so far
         (the test for a ratio E/T; looking past the next depth because a verify's cost grows in
         steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do), less
-        ``longer_within`` as in ``plan``. Depth j's chance
+        ``prefer``'s share up to its gamma, as in ``plan``. Depth j's chance
         is P(depth accepted | confidence) x P(j accepted | depth accepted)."""
         plan = self._plan
         if plan is None or depth >= plan.gamma:
@@ -284,8 +292,9 @@ class Controller:
         gain = 0.0
         for d in range(depth + 1, plan.gamma + 1):
             gain += sure * acc.survival(w, d) / now
-            # (tokens + gain) / step_seconds(d) beats tokens / seconds, less longer_within
-            if (tokens + gain) * seconds > (1 - self.longer_within) * tokens * self.step_seconds(d, w):
+            # (tokens + gain) / step_seconds(d) beats tokens / seconds (less prefer's share up to its gamma)
+            slack = self.prefer_within if d <= self.prefer_gamma else 0.0
+            if (tokens + gain) * seconds > (1 - slack) * tokens * self.step_seconds(d, w):
                 return True
         return False
 

@@ -73,19 +73,24 @@ def flat_machine(extra_s: float) -> Model:
     return model
 
 
-@pytest.mark.parametrize(("extra_s", "slack", "gamma"), [(0.012, 0.03, 8), (0.012, 0.0, 3), (0.025, 0.03, 3)])
-def test_a_joint_draft_takes_the_longest_gamma_nearly_as_fast(extra_s, slack, gamma):
-    """Past its floor MTAD's PPL still falls with the draft's length, so with ``longer_within``
-    it takes the longest gamma within that share of the fastest: at 12 ms a depth gamma 3 is
-    the fastest and 8 is 2.4 % slower. At 25 ms a depth, 4 is 3.4 % slower and 8 is 9 %: it
-    stays at 3. While drafting, the same slack lets the draft go on to the plan's length."""
-    ctrl = Controller(flat_machine(extra_s), "mtad", range(3, 9), (4,), tree=False, longer_within=slack)
+@pytest.mark.parametrize(
+    ("extra_s", "prefer", "gamma"), [(0.012, (4, 0.03), 4), (0.012, (0, 0.0), 3), (0.025, (4, 0.03), 3)]
+)
+def test_a_joint_draft_takes_its_quality_gamma_where_it_is_nearly_as_fast(extra_s, prefer, gamma):
+    """MMTAD's gamma 3 was 1.08x gamma 4's PPL on Gemma 3 270M, at the same speed: with
+    ``prefer`` = (4, 3 %) it drafts 4 rather than a shorter draft forecast at most 3 % faster.
+    At 12 ms a depth gamma 3 is the fastest and 4 is 1.0 % slower (8 is 2.6 %: a draft longer
+    than the preferred one is not taken for being near); at 25 ms 4 is 3.5 % slower: it stays at
+    3. While drafting, the same slack lets the draft go on to the preferred length, no further."""
+    ctrl = Controller(flat_machine(extra_s), "mmtad", range(3, 9), (4,), tree=False, prefer=prefer)
     always_accepted(ctrl, 4)
     rates = {g: ctrl.expected_tokens(g, 4) / ctrl.step_seconds(g, 4) for g in range(3, 9)}
     assert max(rates, key=rates.get) == 3
     assert ctrl.plan(8).gamma == gamma
     assert all(ctrl.keep_going(d, -0.1 * d) for d in range(gamma))
     assert not ctrl.keep_going(gamma, -0.1 * gamma)
+    ctrl._plan.gamma = 8  # a plan past the preferred length is drafted on only while it pays
+    assert not ctrl.keep_going(4, -0.4)
 
 
 def test_the_loop_learns_the_live_beams_of_its_drafts():
@@ -93,8 +98,26 @@ def test_the_loop_learns_the_live_beams_of_its_drafts():
         clock = FakeClock()
         target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda r: 0.010 + 0.0005 * r)
         aux = FakeLM(salt=2, n_seq_max=17, n_ctx=4096, clock=clock, cost=lambda r: 0.001 * r)
-        cfg = DecodeConfig("mtad", 60, gamma="auto", gamma_max=6, beam_width=3, sampling=SamplingConfig(1.0, top_k, 1.0))
+        cfg = DecodeConfig(
+            "mtad", 60, gamma="auto", gamma_max=6, beam_width=3, sampling=SamplingConfig(1.0, top_k, 1.0)
+        )
         gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
         [t for b in gen for t in b]
         assert isinstance(gen.controller, Controller)
         assert gen.controller.acc.beams.shares(3) == rows  # top-k 1 leaves one candidate a depth
+
+
+@pytest.mark.parametrize(
+    ("method", "temperature", "prefer"), [("mmtad", 1.0, (4, 0.03)), ("mmtad", 0.0, (0, 0.0)), ("mtad", 1.0, (0, 0.0))]
+)
+def test_mmtad_prefers_its_quality_gamma_only_when_sampling(method, temperature, prefer):
+    """Greedy, every draft length gives ar's text: nothing to prefer. mtad's gamma 3 was within
+    the PPL bound on both pairs, so it keeps the fastest."""
+    clock = FakeClock()
+    target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda r: 0.010)
+    aux = FakeLM(salt=2, n_seq_max=17, n_ctx=4096, clock=clock, cost=lambda r: 0.001 * r)
+    cfg = DecodeConfig(method, 8, gamma="auto", sampling=SamplingConfig(temperature))
+    gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
+    assert isinstance(gen.controller, Controller)
+    assert (gen.controller.prefer_gamma, gen.controller.prefer_within) == prefer
+    assert len([t for b in gen for t in b]) == 8

@@ -28,10 +28,6 @@ class MTAD(Method):
     # agrees: on Gemma 3 270M gamma 3 was 1.04x (mtad) and 1.08x (mmtad, 1.01-1.14), so the
     # floor would better be measured per pair (README, "Quality").
     min_auto_gamma = 3
-    # Past the floor PPL still falls with the draft's length (gamma 3 was 1.03-1.08x gamma 4's),
-    # so where a longer draft costs next to nothing (Gemma: gammas 3 and 4 ran at the same speed)
-    # 'auto' drafts it: the longest gamma forecast within 3 % of the fastest.
-    longer_within = 0.03
     name = "mtad"
     summary = "multi-token assisted decoding: beam draft, joint acceptance"
     uses_beams = True
