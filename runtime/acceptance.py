@@ -123,24 +123,19 @@ class Acceptance:
             self.conf.setdefault((width, _conf_bin(c)), _Rate()).add(k >= d, self.decay)
 
     def survival(self, width: int, d: int) -> float:
-        """P(k >= d): depth d's own rate where it has been drafted, else the last known
-        depth-to-depth ratio continued geometrically."""
-        if d == 0 or (width, d) in self.depth:
-            return self._at(width, d)
-        known = [j for j in range(1, d) if (width, j) in self.depth]
-        if not known:
-            return float(self.prior**d)
-        last = known[-1]
-        ratio = self._at(width, last) / max(self._at(width, last - 1), 1e-9)
-        return self._at(width, last) * min(ratio, 1.0) ** (d - last)
+        """P(k >= d), depth by depth. What the depths before predict is the last depth-to-depth
+        ratio continued (before any: ``prior``): a depth never drafted gets that prediction; a
+        drafted one its own rate, shrunk towards the prediction or ``prior``, whichever is
+        higher. (Shrunk towards ``prior`` alone, a depth drafted once where 98 % of drafted
+        tokens are accepted read 0.8, and a draft that deep looked 4 % dearer than it was.)"""
+        s, before = 1.0, 1.0  # P(k >= j - 1), P(k >= j - 2)
+        for j in range(1, d + 1):
+            guess = s * min(s / max(before, 1e-9), 1.0) if j > 1 else self.prior
+            rate = self.depth.get((width, j))
+            before, s = s, rate.value(max(self.prior, guess), self.weight) if rate else guess
+        return s
 
     def given_confidence(self, width: int, cum_logq: float) -> float:
         """P(a drafted depth is accepted | the best beam's cumulative log q through it)."""
         rate = self.conf.get((width, _conf_bin(cum_logq)))
         return rate.value(self.prior, self.weight) if rate else self.prior
-
-    def _at(self, width: int, d: int) -> float:
-        if d == 0:
-            return 1.0
-        rate = self.depth.get((width, d))
-        return rate.value(self.prior, self.weight) if rate else float(self.prior**d)

@@ -4,7 +4,7 @@ where it costs next to nothing: the controller's pure logic, then the loop on fa
 import pytest
 
 from helpers import FakeClock, FakeLM
-from mtad_edge.runtime.acceptance import Beams
+from mtad_edge.runtime.acceptance import Acceptance, Beams
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Controller, Model
 from mtad_edge.runtime.decoding import Generation
@@ -121,3 +121,21 @@ def test_mmtad_prefers_its_quality_gamma_only_when_sampling(method, temperature,
     assert isinstance(gen.controller, Controller)
     assert (gen.controller.prefer_gamma, gen.controller.prefer_within) == prefer
     assert len([t for b in gen for t in b]) == 8
+
+
+def test_a_depth_drafted_once_is_read_as_the_depths_before_it_predict():
+    """Where drafts of 3 are accepted whole (Gemma 3 270M: 98 % of drafted tokens), one draft of
+    4 accepted whole must not read as 0.8 (the flat prior's pull): that made gamma 4 look 4 %
+    dearer than gamma 3, more than mmtad's 3 % preference for it."""
+    a = Acceptance()
+    for _ in range(40):
+        a.observe(4, 3, [-0.1, -0.2, -0.3])
+    assert a.survival(4, 3) > 0.97
+    assert a.survival(4, 4) > 0.97  # never drafted: the depths before, continued
+    a.observe(4, 4, [-0.1, -0.2, -0.3, -0.4])
+    assert a.survival(4, 4) > 0.97
+    low = Acceptance()  # where little is accepted, a drafted depth is still shrunk towards the prior
+    for _ in range(40):
+        low.observe(1, 0, [-0.1, -0.2])
+    low.observe(1, 3, [-0.1, -0.2, -0.3])
+    assert low.survival(1, 3) == pytest.approx((1 + 0.6) / 2)
