@@ -176,6 +176,7 @@ class Controller:
         prefer: tuple[int, float] = (0, 0.0),
     ):
         self.model, self.acc = model, model.for_key(key)
+        self.acc.follow = gammas[0] >= 1  # no plain steps to lose to optimism (Acceptance.survival)
         # (gamma, share): that gamma wins over a shorter draft forecast at most that share faster
         self.prefer_gamma, self.prefer_within = prefer
         self.gammas, self.widths, self.tree = gammas, list(widths), tree

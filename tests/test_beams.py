@@ -120,21 +120,29 @@ def test_mmtad_prefers_its_quality_gamma_only_when_sampling(method, temperature,
     gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
     assert isinstance(gen.controller, Controller)
     assert (gen.controller.prefer_gamma, gen.controller.prefer_within) == prefer
+    assert gen.controller.acc.follow == (temperature > 0)  # plain steps are an option at T=0
     assert len([t for b in gen for t in b]) == 8
 
 
 def test_a_depth_drafted_once_is_read_as_the_depths_before_it_predict():
     """Where drafts of 3 are accepted whole (Gemma 3 270M: 98 % of drafted tokens), one draft of
     4 accepted whole must not read as 0.8 (the flat prior's pull): that made gamma 4 look 4 %
-    dearer than gamma 3, more than mmtad's 3 % preference for it."""
-    a = Acceptance()
+    dearer than gamma 3, more than mmtad's 3 % preference for it. Only where every option
+    drafts (``follow``): where plain steps are an option, a barely drafted depth stays shrunk
+    towards the flat prior, as optimism there turns plain steps into drafts that lose."""
+    a = Acceptance(follow=True)
     for _ in range(40):
         a.observe(4, 3, [-0.1, -0.2, -0.3])
     assert a.survival(4, 3) > 0.97
     assert a.survival(4, 4) > 0.97  # never drafted: the depths before, continued
     a.observe(4, 4, [-0.1, -0.2, -0.3, -0.4])
     assert a.survival(4, 4) > 0.97
-    low = Acceptance()  # where little is accepted, a drafted depth is still shrunk towards the prior
+    cautious = Acceptance(follow=False)
+    for _ in range(40):
+        cautious.observe(4, 3, [-0.1, -0.2, -0.3])
+    cautious.observe(4, 4, [-0.1, -0.2, -0.3, -0.4])
+    assert cautious.survival(4, 4) == pytest.approx((1 + 0.6) / 2)
+    low = Acceptance(follow=True)  # where little is accepted, a drafted depth is still shrunk towards the prior
     for _ in range(40):
         low.observe(1, 0, [-0.1, -0.2])
     low.observe(1, 3, [-0.1, -0.2, -0.3])

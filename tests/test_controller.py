@@ -75,9 +75,7 @@ def test_acceptance_survival_and_decay():
     a = Acceptance(decay=0.8)  # about the last 5 observations count, against a prior worth 1
     for _ in range(20):
         a.observe(1, 2, [-0.1, -0.2, -0.3])
-    # Depth 3, never accepted in about 5 drafts' worth of weight, against a prior worth 1 drafted
-    # depth at what depths 1 and 2 predict (0.98)
-    assert a.survival(1, 1) > 0.9 and a.survival(1, 2) > 0.9 and a.survival(1, 3) < 0.2
+    assert a.survival(1, 1) > 0.9 and a.survival(1, 2) > 0.9 and a.survival(1, 3) < 0.15
     assert a.survival(1, 4) < a.survival(1, 3)  # beyond what was drafted: the last ratio, continued
     for _ in range(6):  # the regime changes: nothing is accepted any more
         a.observe(1, 0, [-0.1, -0.2, -0.3])
@@ -532,7 +530,7 @@ def test_drafting_that_delivers_less_than_its_typical_step_gives_way_to_plain_st
     forgetful = [stalling_drafts(seed, learn=False) for seed in range(3)]
     assert np.mean([r for r, _ in forgetful]) < 0.93 * plain  # the typical step's forecast drafts on
     assert np.mean([r for r, _ in learned]) > 0.97 * plain
-    assert max(share for _, share in learned) < 0.15  # the forgetful controller drafts in 62-89 %
+    assert max(share for _, share in learned) < 0.1
 
 
 def test_a_change_of_mode_does_not_move_the_pace():
