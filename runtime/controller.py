@@ -183,6 +183,7 @@ class Controller:
         self._plan: Optional[Plan] = None
         self._probing = False
         self._lag = 0  # committed tokens the aux had not seen when the last plan was made
+        self._beam_s: Optional[dict[int, float]] = None  # beam_call_s by width, within one plan()
 
     def verify_rows(self, gamma: int, width: int) -> int:
         """Rows of the target call: the pending token plus the draft, or plus the tree's nodes."""
@@ -202,9 +203,15 @@ class Controller:
     def beam_call_s(self, width: int) -> float:
         """Expected seconds of a draft's aux call after its first: one row per live beam, as
         this method's drafts at ``width`` have kept them alive (else ``width`` rows)."""
+        memo = self._beam_s
+        if memo is not None and width in memo:
+            return memo[width]
         shares = self.acc.beams.shares(width)
         aux = self.model.aux
-        return sum(p * aux(r) for r, p in shares.items()) if shares else aux(width)
+        seconds = sum(p * aux(r) for r, p in shares.items()) if shares else aux(width)
+        if memo is not None:
+            memo[width] = seconds
+        return seconds
 
     def step_seconds(self, gamma: int, width: int, lag: int = 0) -> float:
         """Expected wall seconds of a step; ``lag``: committed tokens the aux must feed first."""
@@ -240,6 +247,7 @@ class Controller:
         = (g, share) (MMTAD when sampling), gamma g at the best width rather than a shorter draft
         whose rate is at most that share higher."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
+        self._beam_s = {}  # the tables do not change while it plans
         options = []
         for w in self.widths:
             tokens = self.token_curve(w, gammas[-1])
@@ -270,7 +278,7 @@ class Controller:
         else:
             acc.since_draft, acc.probe_every = 0, 8
         best.timed = not unknown
-        self._plan = best
+        self._plan, self._beam_s = best, None
         return best
 
     def keep_going(self, depth: int, cum_logq: float) -> bool:
