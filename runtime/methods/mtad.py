@@ -25,8 +25,8 @@ class MTAD(Method):
     # prompts x 4 seeds x 128 tokens, T=1, PPL against gamma 4 on the same prompts and seeds at
     # gamma 1 / 2 / 3: mtad 1.21 / 1.07 / 1.03, mmtad 1.15 / 1.06 / 1.03 (90 % intervals of
     # gamma 2: 1.00-1.15 and 1.02-1.11; of gamma 3: 0.97-1.09 and 0.96-1.10). Not every pair
-    # agrees: on Gemma 3 270M gamma 3 was 1.04x (mtad) and 1.08x (mmtad, 1.01-1.14), so the
-    # floor would better be measured per pair (README, "Quality").
+    # agrees: on Gemma 3 270M gamma 3 was 1.04x (mtad) and 1.08x (mmtad, 1.01-1.14), so mmtad
+    # also prefers gamma 4 where it is nearly as fast (methods/mmtad.py; README, "Quality").
     min_auto_gamma = 3
     name = "mtad"
     summary = "multi-token assisted decoding: beam draft, joint acceptance"
