@@ -126,20 +126,26 @@ class Acceptance:
             self.conf.setdefault((width, _conf_bin(c)), _Rate()).add(k >= d, self.decay)
 
     def survival(self, width: int, d: int) -> float:
-        """P(k >= d), depth by depth. What the depths before predict is the last depth-to-depth
+        """P(k >= d) (see ``survivals``)."""
+        return self.survivals(width, d)[d]
+
+    def survivals(self, width: int, d: int) -> list[float]:
+        """P(k >= j) for j = 0..d, depth by depth. What the depths before predict is the last depth-to-depth
         ratio continued (before any: ``prior``): a depth never drafted gets that prediction; a
         drafted one its own rate, shrunk towards ``prior`` or, with ``follow``, towards the
         prediction where that is higher. (Towards ``prior`` alone, a depth drafted once where
         98 % of drafted tokens are accepted reads 0.8: mmtad's gamma 4 then looked 4 % dearer
         than gamma 3 on Gemma. Where plain steps are an option, that caution is kept: following
         the prediction, sd at T=0 on SmolLM2 drafted 13 % of its steps and ran 0.87x ar.)"""
+        out = [1.0]
         s, before = 1.0, 1.0  # P(k >= j - 1), P(k >= j - 2)
         for j in range(1, d + 1):
             guess = s * min(s / max(before, 1e-9), 1.0) if j > 1 else self.prior
             rate = self.depth.get((width, j))
             toward = max(self.prior, guess) if self.follow else self.prior
             before, s = s, rate.value(toward, self.weight) if rate else guess
-        return s
+            out.append(s)
+        return out
 
     def given_confidence(self, width: int, cum_logq: float) -> float:
         """P(a drafted depth is accepted | the best beam's cumulative log q through it)."""

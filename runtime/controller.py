@@ -238,7 +238,7 @@ class Controller:
 
     def token_curve(self, width: int, gamma: int) -> list[float]:
         """Expected committed tokens of a step drafting 0..gamma tokens: 1 + sum_{d<=g} P(k >= d)."""
-        return list(accumulate(self.acc.survival(width, d) for d in range(gamma + 1)))  # survival(w, 0) = 1
+        return list(accumulate(self.acc.survivals(width, gamma)))  # survival(w, 0) = 1
 
     def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
@@ -295,12 +295,13 @@ class Controller:
         if depth < min(plan.gamma, self.gammas[0]):  # the method's shortest draft (MTAD: 3) is drafted whole
             return True
         acc, w = self.acc, plan.width
-        now = max(acc.survival(w, depth), 1e-9)
+        survival = acc.survivals(w, plan.gamma)
+        now = max(survival[depth], 1e-9)
         sure = acc.given_confidence(w, cum_logq)
         seconds, tokens = self.step_seconds(depth, w), self.expected_tokens(depth, w)
         gain = 0.0
         for d in range(depth + 1, plan.gamma + 1):
-            gain += sure * acc.survival(w, d) / now
+            gain += sure * survival[d] / now
             # (tokens + gain) / step_seconds(d) beats tokens / seconds (less prefer's share up to its gamma)
             slack = self.prefer_within if d <= self.prefer_gamma else 0.0
             if (tokens + gain) * seconds > (1 - slack) * tokens * self.step_seconds(d, w):
