@@ -251,3 +251,12 @@ def near_tie_at_first_difference(target, ids, ar, out, tol: float):
     margin = float(logits[top[0]] - logits[top[1]])
     assert set(top) == {ar[i], out[i]} and margin < tol, (i, ar[i], out[i], top, margin)
     return i
+
+
+def scripted_pair(aux_salt, aux_cost):
+    """A fake target (10 ms a call plus 0.5 ms a row) and aux (``aux_cost(rows)``) whose calls
+    advance one scripted clock: the adaptive controller's loop without a real machine."""
+    clock = FakeClock()
+    target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
+    aux = FakeLM(salt=aux_salt, n_seq_max=17, n_ctx=4096, clock=clock, cost=aux_cost)
+    return clock, target, aux

@@ -3,7 +3,7 @@ where it costs next to nothing: the controller's pure logic, then the loop on fa
 
 import pytest
 
-from helpers import FakeClock, FakeLM
+from helpers import scripted_pair
 from mtad_edge.runtime.acceptance import Acceptance, Beams
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Controller, Model
@@ -95,9 +95,7 @@ def test_a_joint_draft_takes_its_quality_gamma_where_it_is_nearly_as_fast(extra_
 
 def test_the_loop_learns_the_live_beams_of_its_drafts():
     for top_k, rows in ((1, {1: 1.0}), (0, {3: 1.0})):
-        clock = FakeClock()
-        target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda r: 0.010 + 0.0005 * r)
-        aux = FakeLM(salt=2, n_seq_max=17, n_ctx=4096, clock=clock, cost=lambda r: 0.001 * r)
+        clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda r: 0.001 * r)
         cfg = DecodeConfig(
             "mtad", 60, gamma="auto", gamma_max=6, beam_width=3, sampling=SamplingConfig(1.0, top_k, 1.0)
         )
@@ -113,9 +111,7 @@ def test_the_loop_learns_the_live_beams_of_its_drafts():
 def test_mmtad_prefers_its_quality_gamma_only_when_sampling(method, temperature, prefer):
     """Greedy, every draft length gives ar's text: nothing to prefer. mtad's gamma 3 was within
     the PPL bound on both pairs, so it keeps the fastest."""
-    clock = FakeClock()
-    target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda r: 0.010)
-    aux = FakeLM(salt=2, n_seq_max=17, n_ctx=4096, clock=clock, cost=lambda r: 0.001 * r)
+    clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda r: 0.001 * r)
     cfg = DecodeConfig(method, 8, gamma="auto", sampling=SamplingConfig(temperature))
     gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
     assert isinstance(gen.controller, Controller)

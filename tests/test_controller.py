@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from helpers import FakeClock, FakeLM
+from helpers import scripted_pair
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Acceptance, Controller, Costs, Delivered, FixedController, Model, Plan
 from mtad_edge.runtime.decoding import Generation, generate_tokens
@@ -193,13 +193,6 @@ def test_fixed_controller_is_todays_behaviour():
 
 
 # -- the whole loop on fake backends with a scripted clock ----------------------------------------
-def scripted_pair(aux_salt, aux_cost):
-    clock = FakeClock()
-    target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
-    aux = FakeLM(salt=aux_salt, n_seq_max=17, n_ctx=4096, clock=clock, cost=aux_cost)
-    return clock, target, aux
-
-
 def auto(method="sd", **kw):
     """Unseeded, so the controller learns timings (a seeded run plans from frozen tables)."""
     return DecodeConfig(method, 300, gamma="auto", gamma_max=6, **kw)
