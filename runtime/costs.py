@@ -99,6 +99,7 @@ class Costs:
         self.prior = _line(self.seed)
         self._seed_top = max(self.seed, default=0)  # the most rows the calibration timed
         self.frozen = False  # a frozen table ignores observations (seeded, reproducible runs)
+        self._filled: Optional[tuple[tuple[int, float], tuple[float, float, float]]] = None  # _fill's memo
 
     @property
     def known(self) -> bool:
@@ -140,18 +141,29 @@ class Costs:
     def at_pace_1(self, rows: int) -> float:
         if rows in self.table:
             return self.table[rows]
+        a, b, floor = self._fill()
+        return max(floor, a + b * rows)
+
+    def _fill(self) -> tuple[float, float, float]:
+        """The line rows not in the table are read from, (a, b, floor): seconds = max(floor,
+        a + b x rows). Recomputed only when the table has changed (controller plans read many
+        rows per step)."""
+        key = (len(self.table), sum(self.table.values()))
+        if self._filled is not None and self._filled[0] == key:
+            return self._filled[1]
         if self.prior is not None:
             a, b = self.prior
             # Rows the calibration covered say how the machine compares with it (an aux's long
             # catch-up feeds lie far beyond its beam rows); without such rows, any.
             near = [r for r in self.table if r <= self._seed_top] or list(self.table)
             scale = median([self.table[r] / max(a + b * r, 1e-12) for r in near]) if near else 1.0
-            return (a + b * rows) * scale
-        line = _line(self.table)
-        if line is None:
-            return float(rows)  # no data at all: proportional, so only ratios matter
-        a, b = line
-        return max(min(self.table.values()), a + b * rows)
+            fill = (a * scale, b * scale, -math.inf)
+        else:
+            line = _line(self.table)
+            # no data at all: proportional, so only ratios matter
+            fill = (0.0, 1.0, -math.inf) if line is None else (line[0], line[1], min(self.table.values()))
+        self._filled = (key, fill)
+        return fill
 
 
 def median(xs: list[float]) -> float:
