@@ -184,9 +184,9 @@ class Controller:
         self._plan: Optional[Plan] = None
         self._probing = False
         self._lag = 0  # committed tokens the aux had not seen when the last plan was made
-        # Within one plan(): beam_call_s by width (keys 1..) and the aux's first call's seconds
-        # (key 0: one row; key -1: what a second row adds)
+        # Within one plan(), while the tables stand still: beam_call_s by width, and _first_aux_rows
         self._beam_s: Optional[dict[int, float]] = None
+        self._first_aux: Optional[tuple[float, float]] = None
 
     def verify_rows(self, gamma: int, width: int) -> int:
         """Rows of the target call: the pending token plus the draft, or plus the tree's nodes."""
@@ -234,19 +234,18 @@ class Controller:
         """A draft's first aux call feeds the target's bonus token, and also its last drafted token
         when the whole draft was accepted (no beam's cache holds it): in steady drafting, two rows
         with the chance P(k >= gamma)."""
-        memo = self._beam_s if self._beam_s is not None else {}
-        if 0 not in memo:
-            aux = self.model.aux
-            memo[0], memo[-1] = aux(1), max(aux(2) - aux(1), 0.0)
+        one, second = self._first_aux if self._first_aux is not None else self._first_aux_rows()
         whole = survivals[gamma] if survivals is not None else self.acc.survival(width, gamma)
-        return memo[0] + whole * memo[-1]
+        return one + whole * second
+
+    def _first_aux_rows(self) -> tuple[float, float]:
+        """The aux's one-row call, and what a second row adds to it."""
+        aux = self.model.aux
+        return aux(1), max(aux(2) - aux(1), 0.0)
 
     def expected_tokens(self, gamma: int, width: int) -> float:
-        return self.token_curve(width, gamma)[gamma]
-
-    def token_curve(self, width: int, gamma: int) -> list[float]:
-        """Expected committed tokens of a step drafting 0..gamma tokens: 1 + sum_{d<=g} P(k >= d)."""
-        return list(accumulate(self.acc.survivals(width, gamma)))  # survival(w, 0) = 1
+        """Expected committed tokens of a step drafting gamma tokens: 1 + sum_{d<=g} P(k >= d)."""
+        return sum(self.acc.survivals(width, gamma))  # survival(w, 0) = 1
 
     def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
@@ -258,11 +257,11 @@ class Controller:
         = (g, share) (MMTAD when sampling), gamma g at the best width rather than a shorter draft
         whose rate is at most that share higher."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
-        self._beam_s = {}  # the tables do not change while it plans
+        self._beam_s, self._first_aux = {}, self._first_aux_rows()  # the tables do not change while it plans
         options = []
         for w in self.widths:
             survivals = self.acc.survivals(w, gammas[-1])
-            tokens = list(accumulate(survivals))
+            tokens = list(accumulate(survivals))  # expected_tokens(g, w) for every g
             options += [Plan(g, w, tokens[g], max(self.step_seconds(g, w, 0, survivals), 1e-12)) for g in gammas]
         acc = self.acc
         # Each kind's forecasts against what they delivered: both compared at their mean.
@@ -294,7 +293,7 @@ class Controller:
         else:
             acc.since_draft, acc.probe_every = 0, 8
         best.timed = not unknown
-        self._plan, self._beam_s = best, None
+        self._plan, self._beam_s, self._first_aux = best, None, None
         return best
 
     def keep_going(self, depth: int, cum_logq: float) -> bool:
