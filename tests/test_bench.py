@@ -305,9 +305,34 @@ def test_auto_is_paired_with_each_fixed_setting_on_the_same_prompt_runs():
     assert ar["runs"] == 6 and ar["speed"] == pytest.approx({"ratio": 1.1, "low": 1.1, "high": 1.1})
     assert ar["ppl"]["ratio"] == pytest.approx(math.exp(0.2))
     assert rows[("sd g=auto", "sd g=2")]["speed"]["ratio"] == pytest.approx(1.1 * 1.25)
+    assert ar["speed_median"] == pytest.approx(1.1)
     mtad = rows[("mtad g=auto", "mtad g=4")]
     assert mtad["runs"] == 6 and mtad["speed"]["ratio"] == pytest.approx(1.0)
     assert mtad["speed"]["low"] < 0.9 and mtad["speed"]["high"] > 1.1
+    # per-run ratios (1+i)/(6-i) for i = 0..5: 1/6, 2/5, 3/4, 4/3, 5/2, 6; their median is (3/4 + 4/3) / 2
+    assert mtad["speed_median"] == pytest.approx((3 / 4 + 4 / 3) / 2)
+
+
+def test_one_stalled_prompt_run_moves_the_pooled_ratio_and_not_the_median():
+    """Where the variants tie on every prompt-run but one, in which the auto variant stalled at half
+    its speed, the pooled ratio falls and the median of per-run ratios stays at 1."""
+    from mtad_edge.bench.paired import paired
+
+    keys = [(p, r) for p in "abcdef" for r in (0, 1)]
+    runs = [{"label": "mtad g=3", "prompt_id": p, "repeat": r, "generated": 96, "decode_s": 1.5} for p, r in keys]
+    runs += [
+        {
+            "label": "mtad g=auto",
+            "prompt_id": p,
+            "repeat": r,
+            "generated": 96,
+            "decode_s": 3.0 if (p, r) == ("a", 0) else 1.5,
+        }
+        for p, r in keys
+    ]
+    (row,) = paired(runs)
+    assert row["speed"]["ratio"] == pytest.approx(12 * 1.5 / (11 * 1.5 + 3.0)) and row["speed"]["ratio"] < 0.93
+    assert row["speed_median"] == pytest.approx(1.0) and row["ppl"] is None
 
 
 def test_report_and_quality_plot_from_aggregates(tmp_path):

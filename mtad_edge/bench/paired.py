@@ -5,7 +5,9 @@ prompt at 28 and 36 tok/s in two repeats on a 2-core VM), so a ratio of two vari
 without its interval. Every variant labelled 'METHOD g=auto' is compared with each fixed gamma of
 its method that ran ('METHOD g=N'; sd also with ar): the ratio of pooled tok/s (generated tokens
 over decoding seconds) and of perplexity, on the same prompts and seeds, with a bootstrap
-interval from resampling those prompt-runs.
+interval from resampling those prompt-runs. Beside the pooled speed ratio, the median of the
+per-prompt-run ratios: one stalled prompt-run (a variant at half its speed on a prompt it ran at
+full speed in the other repeat) moves the pooled ratio by several per cent and the median hardly.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ Runs = dict[Key, dict[str, Any]]
 def paired(
     runs: Sequence[dict[str, Any]], draws: int = 2000, level: float = 0.9, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """One row per (auto variant, fixed setting): ``speed`` and ``ppl`` as {ratio, low, high}."""
+    """One row per (auto variant, fixed setting): ``speed`` and ``ppl`` as {ratio, low, high}, and
+    ``speed_median``, the median over prompt-runs of their own speed ratios."""
     by_label: dict[str, Runs] = {}
     for r in runs:
         by_label.setdefault(r["label"], {})[(r["prompt_id"], r["repeat"])] = r
@@ -49,6 +52,7 @@ def paired(
                     "against": other,
                     "runs": len(keys),
                     "speed": _interval(keys, partial(_speed_ratio, auto, b), draws, level, rng),
+                    "speed_median": float(np.median([_speed_ratio(auto, b, [k]) for k in keys])),
                     "ppl": _interval(keys, partial(_ppl_ratio, auto, b), draws, level, rng) if scored else None,
                 }
             )

@@ -177,11 +177,14 @@ def _paired_table(rows: list) -> list[str]:
         "",
         "Adaptive against fixed, paired on the same prompts and seeds (90 % bootstrap interval over prompt-runs):",
         "",
-        "| variant | against | prompt-runs | tok/s ratio | PPL ratio |",
-        "|---|---|---|---|---|",
+        "| variant | against | prompt-runs | tok/s ratio | median of per-run tok/s ratios | PPL ratio |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['variant']} | {r['against']} | {r['runs']} | {ci(r['speed'])} | {ci(r['ppl'])} |")
+        median = _fmt(r.get("speed_median"), ".3f")
+        lines.append(
+            f"| {r['variant']} | {r['against']} | {r['runs']} | {ci(r['speed'])} | {median} | {ci(r['ppl'])} |"
+        )
     return lines
 
 
