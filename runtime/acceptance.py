@@ -72,27 +72,49 @@ DELIVERED_PRIOR = 5.0  # steps' worth of trust in the forecast itself
 
 @dataclass
 class Beams:
-    """How many beams a draft of width w keeps alive: the rows of its aux calls after the first.
-    Top-k / top-p filtering of a peaked aux leaves fewer candidates than w, and the next call
-    evaluates only the beams picked (on Gemma 3 270M at T=1 three in four of width 4's calls
-    evaluated one row). Decayed counts of each row count, per width."""
+    """How many beams a draft of width w keeps alive, depth by depth: the rows of its aux calls
+    after the first (the call at depth d runs the beams picked at depth d - 1). Top-k / top-p
+    filtering of a peaked aux leaves fewer candidates than w, and the next call evaluates only the
+    beams picked; one flat spot re-opens them, so deeper calls run more beams (mmtad on Gemma 3
+    270M at T=1, width 4: 2.0 rows at depth 2, 2.9 at depth 7; read as one pooled count, long
+    drafts looked cheap and short ones dear, and auto drafted 7 at 0.85x fixed gamma 3).
+    Decayed counts of each row count, per width and depth."""
 
     decay: float = 0.95
-    counts: dict[int, list[float]] = field(default_factory=dict)  # width -> decayed count of rows 1..w
+    counts: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # (width, depth) -> rows 0..w
 
     def observe(self, width: int, rows: Sequence[int]) -> None:
-        counts = self.counts.setdefault(width, [0.0] * (width + 1))
-        for r in rows:
+        """A draft's aux calls after its first (depths 2, 3, ...) evaluated these rows."""
+        for depth, r in enumerate(rows, start=2):
+            counts = self.counts.setdefault((width, depth), [0.0] * (width + 1))
             counts[:] = [c * self.decay for c in counts]
             counts[min(max(r, 1), width)] += 1.0
 
-    def shares(self, width: int) -> Optional[dict[int, float]]:
-        """P(a call after the draft's first evaluates r rows) at ``width``; None before any."""
-        counts = self.counts.get(width)
-        total = sum(counts) if counts else 0.0
-        if not counts or total <= 0:
-            return None
-        return {r: c / total for r, c in enumerate(counts) if c > 0}
+    def shares(self, width: int, depth: int) -> Optional[dict[int, float]]:
+        """P(the call at ``depth`` evaluates r rows) at ``width``; None before any draft at it."""
+        readings = self.readings(width, depth)
+        last = readings[-1] if readings else None
+        return None if last is None else {r: p for r, p in enumerate(last) if p > 0}
+
+    def readings(self, width: int, last: int) -> list[Optional[list[float]]]:
+        """P(rows = r) for r = 0..w at depths 2..``last``, in one pass: a depth's own counts read
+        towards the depth before's reading (``BEAMS_PRIOR`` calls' worth), so a depth drafted once
+        does not decide alone; a depth never drafted continues the one before; None before any."""
+        out: list[Optional[list[float]]] = []
+        reading: Optional[list[float]] = None
+        for depth in range(2, last + 1):
+            counts = self.counts.get((width, depth))
+            if counts is not None:
+                total = sum(counts)
+                if reading is None:
+                    reading = [c / total for c in counts]
+                else:
+                    reading = [(c + BEAMS_PRIOR * p) / (total + BEAMS_PRIOR) for c, p in zip(counts, reading)]
+            out.append(reading)
+        return out
+
+
+BEAMS_PRIOR = 2.0  # calls' worth of trust in the depth before's reading of a depth's live beams
 
 
 @dataclass

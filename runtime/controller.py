@@ -66,7 +66,7 @@ class FixedController:
     def observe_beams(self, width: int, rows: Sequence[int]) -> None:
         pass
 
-    def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
+    def observe_tree(self, width: int, per_depth: Sequence[int]) -> None:
         pass
 
 
@@ -86,7 +86,9 @@ class Model:
     # The last few steps' seconds outside model calls, plain and drafting: each overhead is their
     # median, so one step disturbed by the OS or the collector does not make drafting look cheap.
     residuals: tuple[deque[float], deque[float]] = field(default_factory=lambda: (_window(), _window()))
-    nodes: dict[tuple[int, int], float] = field(default_factory=dict)  # MMTAD: tree nodes per (gamma, width)
+    # MMTAD: a tree's nodes at each depth, per (width, depth), learned from every tree that reached
+    # it (per draft length, a length reached mostly by drafts cut short was read from their trees)
+    nodes: dict[tuple[int, int], float] = field(default_factory=dict)
     frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
     catchup: Optional[float] = None  # seconds per token the aux feeds when it drafts after plain steps, at pace 1
     pace: Pace = field(default_factory=Pace)  # the machine's speed now, shared by the three tables
@@ -155,7 +157,7 @@ class Controller:
     """Picks (gamma, width) each step to maximise expected committed tokens per second.
 
     A step with gamma g >= 1 and width w costs one aux call on the pending token or two
-    (``first_aux_s``), g - 1 aux calls of a row per live beam (``beam_call_s``), one target call on
+    (``first_aux_s``), g - 1 aux calls of a row per live beam (``beam_calls_s``), one target call on
     ``verify_rows(g, w)`` rows and the per-step overhead; it commits 1 + sum_{d<=g} P(k >= d)
     tokens. Gamma 0 is one target row for one token. Plain and drafting steps learn their own
     overhead (time outside model calls). When gamma 0 wins it still drafts now and then, so that
@@ -184,8 +186,9 @@ class Controller:
         self._plan: Optional[Plan] = None
         self._probing = False
         self._lag = 0  # committed tokens the aux had not seen when the last plan was made
-        # Within one plan(), while the tables stand still: beam_call_s by width, and _first_aux_rows
-        self._beam_s: Optional[dict[int, float]] = None
+        # Within one plan(), while the tables stand still: beam_calls_s by width (summed through
+        # each depth), and _first_aux_rows
+        self._beam_s: Optional[dict[int, list[float]]] = None
         self._first_aux: Optional[tuple[float, float]] = None
 
     def verify_rows(self, gamma: int, width: int) -> int:
@@ -195,26 +198,39 @@ class Controller:
         return 1 + round(self.nodes(gamma, width))
 
     def nodes(self, gamma: int, width: int) -> float:
-        """A tree's nodes: as measured at (gamma, width), else in proportion to the nearest gamma
-        measured at that width (the beams alive per depth), else three quarters of g x w."""
-        known = self.model.nodes
-        if (gamma, width) in known:
-            return known[(gamma, width)]
-        near = min((g for g, w in known if w == width), key=lambda g: (abs(g - gamma), -g), default=None)
-        return known[(near, width)] * gamma / near if near else gamma * width * 0.75
+        """A tree's nodes: summed over its depths as measured at ``width``, a depth not measured
+        continuing the one before (beams alive per depth), else three quarters of g x w. Every tree
+        teaches the depths it reached: learned per draft length, the trees of drafts that stopped
+        early (where the aux is unsure, and its beams many) set the price of that length alone."""
+        known, total, last = self.model.nodes, 0.0, None
+        for d in range(1, gamma + 1):
+            last = known.get((width, d), last)
+            if last is None:
+                return gamma * width * 0.75
+            total += last
+        return total
 
-    def beam_call_s(self, width: int) -> float:
-        """Expected seconds of a draft's aux call after its first: one row per live beam, as
-        this method's drafts at ``width`` have kept them alive (else ``width`` rows)."""
+    def beam_calls_s(self, gamma: int, width: int) -> float:
+        """Expected seconds of a draft's aux calls after its first (depths 2..gamma): one row per
+        live beam, as this method's drafts at ``width`` have kept them alive at each depth (else
+        ``width`` rows)."""
+        if gamma < 2:
+            return 0.0
         memo = self._beam_s
-        if memo is not None and width in memo:
-            return memo[width]
-        shares = self.acc.beams.shares(width)
-        aux = self.model.aux
-        seconds = sum(p * aux(r) for r, p in shares.items()) if shares else aux(width)
-        if memo is not None:
-            memo[width] = seconds
-        return seconds
+        cum = memo.get(width) if memo is not None else None
+        if cum is None or len(cum) <= gamma:
+            cum = self._beam_cum(width, max(gamma, self.gammas[-1]))
+            if memo is not None:
+                memo[width] = cum
+        return cum[gamma]
+
+    def _beam_cum(self, width: int, last: int) -> list[float]:
+        """Seconds of the calls after a draft's first, summed through each depth 0..``last``."""
+        aux, cum = self.model.aux, [0.0, 0.0]
+        for reading in self.acc.beams.readings(width, last):
+            call = sum(p * aux(r) for r, p in enumerate(reading) if p > 0) if reading else aux(width)
+            cum.append(cum[-1] + call)
+        return cum
 
     def step_seconds(self, gamma: int, width: int, lag: int = 0, survivals: Optional[list[float]] = None) -> float:
         """Expected wall seconds of a step; ``lag``: committed tokens the aux must feed first;
@@ -225,7 +241,7 @@ class Controller:
         verify = m.tree if self.tree and m.tree.known else m.target
         calls = (
             self.first_aux_s(gamma, width, survivals)
-            + (gamma - 1) * self.beam_call_s(width)
+            + self.beam_calls_s(gamma, width)
             + verify(self.verify_rows(gamma, width))
         )
         return calls + m.draft_overhead + m.catchup_s(lag)
@@ -361,6 +377,9 @@ class Controller:
         """A draft at ``width`` made aux calls of these rows after its first (its live beams)."""
         self.acc.beams.observe(width, rows)
 
-    def observe_tree(self, gamma: int, width: int, nodes: int) -> None:
-        old = self.model.nodes.get((gamma, width))
-        self.model.nodes[(gamma, width)] = nodes if old is None else old + 0.2 * (nodes - old)
+    def observe_tree(self, width: int, per_depth: Sequence[int]) -> None:
+        """A verified tree at ``width`` had these nodes at depths 1, 2, ..."""
+        known = self.model.nodes
+        for d, n in enumerate(per_depth, start=1):
+            old = known.get((width, d))
+            known[(width, d)] = n if old is None else old + 0.2 * (n - old)

@@ -26,14 +26,35 @@ def beam_machine() -> Model:
     return model
 
 
-def test_beams_count_the_rows_of_the_calls_after_the_first():
+def test_beams_count_the_rows_of_the_calls_after_the_first_depth_by_depth():
     b = Beams(decay=1.0)
-    assert b.shares(4) is None
-    b.observe(4, [1, 1, 4])
-    b.observe(4, [2])
-    assert b.shares(4) == {1: 0.5, 2: 0.25, 4: 0.25}
+    assert b.shares(4, 2) is None
+    b.observe(4, [1, 1, 4])  # depths 2, 3, 4
+    b.observe(4, [1])
+    assert b.shares(4, 2) == {1: 1.0}
+    # depth 3: one call of 1 row, read towards depth 2's reading with 2 calls' weight
+    assert b.shares(4, 3) == {1: 1.0}
+    assert b.shares(4, 4) == pytest.approx({1: 2 / 3, 4: 1 / 3})  # (0 + 2 x 1) / 3 and (1 + 0) / 3
+    assert b.shares(4, 7) == b.shares(4, 4)  # never drafted: the deepest reading carries on
     b.observe(2, [3])  # more rows than the width: counted as the width
-    assert b.shares(2) == {2: 1.0}
+    assert b.shares(2, 2) == {2: 1.0}
+
+
+def test_deeper_calls_running_more_beams_make_long_drafts_dearer():
+    """One flat spot re-opens collapsed beams, so a deep call runs more of them than a shallow one
+    (mmtad on Gemma 3 270M, width 4: 2.0 rows at depth 2, 2.9 at depth 7). Read depth by depth,
+    the deep calls are priced at their own rows, not at the shallow ones' average."""
+    ctrl = Controller(beam_machine(), "mtad", range(1, 9), (4,), tree=False)
+    for _ in range(40):
+        ctrl.observe_beams(4, [1, 1, 4, 4, 4, 4, 4])
+    calls = [ctrl.beam_calls_s(g, 4) for g in range(1, 9)]
+    # Pooled, every call was 2/7 x 4 ms + 5/7 x 16 ms = 12.6 ms: a draft of 3 at 25 ms, not its 8
+    assert calls[:3] == pytest.approx([0.0, 0.004, 0.008])
+    # depth 4 on: 16 ms a call, less a little for the pull of depth 3's one-row reading
+    assert calls[7] == pytest.approx(0.008 + 5 * 0.016, rel=0.03) and calls[7] < 0.008 + 5 * 0.016
+    for _ in range(40):
+        ctrl.observe_beams(4, [1, 1])  # drafts of 3 now: the deeper depths keep their own counts
+    assert ctrl.beam_calls_s(8, 4) == pytest.approx(0.008 + 5 * 0.016, rel=0.03)
 
 
 def test_a_collapsed_beam_is_priced_by_its_live_rows():
@@ -42,24 +63,40 @@ def test_a_collapsed_beam_is_priced_by_its_live_rows():
     deep looks dear; priced at what its calls evaluate, it pays."""
     ctrl = Controller(beam_machine(), "mtad", range(1, 9), (4,), tree=False)
     always_accepted(ctrl, 4)
-    assert ctrl.beam_call_s(4) == pytest.approx(0.016)
+    assert ctrl.beam_calls_s(8, 4) == pytest.approx(7 * 0.016)
     assert ctrl.plan(8).gamma == 1  # every depth adds 18 ms for one token: the shortest draft
     for _ in range(30):
         ctrl.observe_beams(4, [1] * 7)
-    assert ctrl.beam_call_s(4) == pytest.approx(0.004)
+    assert ctrl.beam_calls_s(8, 4) == pytest.approx(7 * 0.004)
     assert ctrl.step_seconds(8, 4) == pytest.approx(ctrl.first_aux_s(8, 4) + 7 * 0.004 + 0.010 + 0.002 * 9)
     assert ctrl.plan(8).gamma == 8  # now a depth adds 6 ms: the longest
 
 
-def test_an_unmeasured_tree_is_sized_from_the_measured_gammas_at_its_width():
+def test_a_tree_is_sized_depth_by_depth_and_an_unmeasured_depth_continues_the_one_before():
     model = Model()
     ctrl = Controller(model, "mmtad", range(3, 9), (4,), tree=True)
     assert ctrl.verify_rows(4, 4) == 1 + 12  # nothing measured: three quarters of g x w
-    model.nodes[(3, 4)] = 6.0  # collapsed beams: two nodes a depth
-    assert ctrl.verify_rows(3, 4) == 7 and ctrl.verify_rows(6, 4) == 13
-    model.nodes[(8, 4)] = 24.0
-    assert ctrl.verify_rows(7, 4) == 1 + 21  # the nearest measured gamma
+    ctrl.observe_tree(4, [1, 2, 3])  # collapsed beams
+    assert ctrl.verify_rows(3, 4) == 1 + 6 and ctrl.verify_rows(6, 4) == 1 + 6 + 3 * 3
     assert ctrl.verify_rows(6, 2) == 1 + 9  # another width: nothing measured there
+    ctrl.observe_tree(4, [1, 2, 3, 4])
+    assert model.nodes[(4, 3)] == 3 and model.nodes[(4, 4)] == 4
+    ctrl.observe_tree(4, [2])
+    assert model.nodes[(4, 1)] == pytest.approx(1.2)  # each depth an average of its trees (0.2 a tree)
+
+
+def test_every_tree_teaches_the_depths_it_reached():
+    """Drafts cut at depth 3 where the aux is unsure (its beams many: 4 nodes a depth) and drafts
+    of 6 where it is sure (1 node a depth). Learned per draft length, a tree of 3 read 12 nodes
+    and a draft of 3 looked dear beside 6, which made drafts long; per depth, the first three
+    depths average over every tree."""
+    ctrl = Controller(Model(), "mmtad", range(3, 9), (4,), tree=True)
+    for _ in range(30):
+        ctrl.observe_tree(4, [4, 4, 4])
+        for _ in range(3):
+            ctrl.observe_tree(4, [1] * 6)
+    assert ctrl.nodes(3, 4) < 6  # mostly the sure drafts' single nodes, not the unsure ones' 12
+    assert ctrl.nodes(6, 4) == pytest.approx(ctrl.nodes(3, 4) + 3, rel=0.01)
 
 
 def flat_machine(extra_s: float) -> Model:
@@ -102,7 +139,7 @@ def test_the_loop_learns_the_live_beams_of_its_drafts():
         gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
         [t for b in gen for t in b]
         assert isinstance(gen.controller, Controller)
-        assert gen.controller.acc.beams.shares(3) == rows  # top-k 1 leaves one candidate a depth
+        assert gen.controller.acc.beams.shares(3, 2) == rows  # top-k 1 leaves one candidate a depth
 
 
 @pytest.mark.parametrize(

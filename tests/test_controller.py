@@ -353,7 +353,7 @@ def test_a_tree_verify_is_priced_from_its_own_calls():
     model.aux.observe(2, 0.001)
     straight = Controller(model, "mtad", range(2, 5), (2,), tree=False)
     tree = Controller(model, "mmtad", range(2, 5), (2,), tree=True)
-    model.nodes[(2, 2)] = 2.0  # 1 + 2 rows either way
+    model.nodes[(2, 1)] = model.nodes[(2, 2)] = 1.0  # 1 + 2 rows either way
     assert straight.step_seconds(2, 2) == pytest.approx(0.001 * 2 + 0.013)
     assert tree.step_seconds(2, 2) == pytest.approx(0.001 * 2 + 0.026)
     assert tree.step_seconds(0, 2) == straight.step_seconds(0, 2)  # a plain step is a plain step

@@ -48,7 +48,7 @@ class MMTAD(Method):
             t0, pending = run.clock(), len(run.tokens) - len(run.target.held(0))
             p = filtered_logprobs(verifier.logits(run.tokens, tree), run.cfg.sampling)  # row 0: root
             run.observe_target(pending + len(tree), run.clock() - t0, tree=True)
-            run.controller.observe_tree(len(draft.tokens), width, len(tree))
+            run.controller.observe_tree(width, [tree.depth.count(d) for d in range(1, paths.shape[1] + 1)])
             rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
             if run.cfg.sampling.greedy:
                 k, b = greedy_tree_accept(paths, np.argmax(p, axis=-1)[rows])
