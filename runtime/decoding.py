@@ -169,7 +169,7 @@ class Generation:
         self.max_width = fixed_width or self._width_capacity()
         if not cfg.adaptive:
             return FixedController(cfg.max_gamma, self.max_width)
-        # MTAD's three-token floor keeps its joint test joint; greedy, every length gives ar's text.
+        # MTAD's four-token floor keeps its joint test joint; greedy, every length gives ar's text.
         floor = 0 if cfg.sampling.greedy else m.min_auto_gamma
         gammas = (
             range(min(floor, cfg.gamma_max), cfg.gamma_max + 1)

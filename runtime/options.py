@@ -154,7 +154,7 @@ OPTIONS: dict[str, Option] = {
             "int",
             AUTO,
             "Draft length; 'auto': the controller picks 0..gamma_max each step "
-            "(3..gamma_max for mtad/mmtad when sampling), from measured costs and acceptance.",
+            "(4..gamma_max for mtad/mmtad when sampling), from measured costs and acceptance.",
             lo=1,
             hi=GAMMA_MAX,
             auto=True,

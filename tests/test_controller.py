@@ -291,17 +291,17 @@ def test_a_seeded_run_learns_only_when_asked():
 
 
 def test_mtad_auto_drafts_its_shortest_draft_whole():
-    """MTAD's floor is three tokens when sampling: keep_going does not cut a draft below it,
+    """MTAD's floor is four tokens when sampling: keep_going does not cut a draft below it,
     however unconfident, and the loop drafts no shorter (but for the last step, cut at max_tokens)."""
-    ctrl = Controller(Model(), "mtad", range(3, 7), (4,), tree=False)
+    ctrl = Controller(Model(), "mtad", range(4, 7), (4,), tree=False)
     ctrl.plan(6)
-    assert ctrl.keep_going(1, -50.0) and ctrl.keep_going(2, -50.0)
+    assert ctrl.keep_going(1, -50.0) and ctrl.keep_going(2, -50.0) and ctrl.keep_going(3, -50.0)
     clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
     gen = Generation(target, aux, [1, 2, 3], auto(method="mtad"), clock=clock)
     [t for b in gen for t in b]
     hist = gen.stats.gamma_hist
-    short = sum(n for g, n in hist.items() if g < 3)
-    assert short <= 1 and sum(n for g, n in hist.items() if g >= 3) > 10, hist
+    short = sum(n for g, n in hist.items() if g < 4)
+    assert short <= 1 and sum(n for g, n in hist.items() if g >= 4) > 10, hist
 
 
 def test_a_disturbed_step_does_not_make_drafting_look_cheap():

@@ -39,7 +39,7 @@ class Method:
     uses_beams: ClassVar[bool] = False  # the beam width applies
     tree: ClassVar[bool] = False  # the target verifies every beam's tree nodes (its rows grow with the width)
     # The shortest draft gamma 'auto' may choose: 0 (a plain target step) only where skipping the
-    # draft leaves the output distribution as it is (lossless sd); MTAD sets 3, a joint draft.
+    # draft leaves the output distribution as it is (lossless sd); MTAD sets 4, a joint draft.
     # Greedy decoding gives ar's text at any length, so there 'auto' starts at 0 for every method.
     min_auto_gamma: ClassVar[int] = 1
     # Where a longer draft gives better text (MTAD's joint test), 'auto' when sampling drafts
