@@ -176,12 +176,9 @@ class Controller:
         gammas: range,
         widths: Sequence[int],
         tree: bool,
-        prefer: tuple[int, float] = (0, 0.0),
     ):
         self.model, self.acc = model, model.for_key(key)
         self.acc.follow = gammas[0] >= 1  # no plain steps to lose to optimism (Acceptance.survival)
-        # (gamma, share): that gamma wins over a shorter draft forecast at most that share faster
-        self.prefer_gamma, self.prefer_within = prefer
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
         self._plan: Optional[Plan] = None
         self._probing = False
@@ -269,9 +266,7 @@ class Controller:
         ``lag``: committed tokens the aux has not seen, which a probe pays for and which drafting
         after plain steps must earn back within ``SWITCH_HORIZON`` steps (where drafting and plain
         steps nearly tie, switching back and forth paid the aux's catch-up each time: sd at T=0 on
-        Gemma 3 drafted 13 % of its steps and ran 0.93x ar, as slow as drafting every step). With ``prefer``
-        = (g, share) (MMTAD when sampling), gamma g at the best width rather than a shorter draft
-        whose rate is at most that share higher."""
+        Gemma 3 drafted 13 % of its steps and ran 0.93x ar, as slow as drafting every step)."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
         self._beam_s, self._first_aux = {}, self._first_aux_rows()  # the tables do not change while it plans
         options = []
@@ -291,10 +286,6 @@ class Controller:
             return p.tokens / (p.seconds + switch) * delivered
 
         best = max(options, key=score)
-        if 0 < best.gamma < self.prefer_gamma:  # the draft length whose text is better, if nearly as fast
-            g = min(self.prefer_gamma, gammas[-1])
-            want = next((p for p in options if p.width == best.width and p.gamma == g), best)
-            best = want if score(want) >= (1 - self.prefer_within) * score(best) else best
         self._probing, self._lag = False, lag
         unknown = not (self.model.aux.known and self.model.target.known)
         if best.gamma == 0:
@@ -317,13 +308,12 @@ class Controller:
         drafting on expected to raise tokens per second? It is when, for some depth up to the
         plan's, the tokens it is expected to add per extra second beat the step's average so far
         (the test for a ratio E/T; looking past the next depth because a verify's cost grows in
-        steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do), less
-        ``prefer``'s share up to its gamma, as in ``plan``. Depth j's chance
+        steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do). Depth j's chance
         is P(depth accepted | confidence) x P(j accepted | depth accepted)."""
         plan = self._plan
         if plan is None or depth >= plan.gamma:
             return False
-        if depth < min(plan.gamma, self.gammas[0]):  # the method's shortest draft (MTAD: 3) is drafted whole
+        if depth < min(plan.gamma, self.gammas[0]):  # the method's shortest draft (MTAD: 4) is drafted whole
             return True
         acc, w = self.acc, plan.width
         survival = acc.survivals(w, plan.gamma)
@@ -333,9 +323,8 @@ class Controller:
         gain = 0.0
         for d in range(depth + 1, plan.gamma + 1):
             gain += sure * survival[d] / now
-            # (tokens + gain) / step_seconds(d) beats tokens / seconds (less prefer's share up to its gamma)
-            slack = self.prefer_within if d <= self.prefer_gamma else 0.0
-            if (tokens + gain) * seconds > (1 - slack) * tokens * self.step_seconds(d, w, 0, survival):
+            # (tokens + gain) / step_seconds(d) beats tokens / seconds
+            if (tokens + gain) * seconds > tokens * self.step_seconds(d, w, 0, survival):
                 return True
         return False
 

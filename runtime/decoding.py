@@ -179,8 +179,7 @@ class Generation:
         widths = [fixed_width] if fixed_width else list(range(1, self.max_width + 1))
         s = cfg.sampling
         key = f"{m.name} T={s.temperature} k={s.top_k} p={s.top_p} a={cfg.accept_threshold}"
-        prefer = (0, 0.0) if cfg.sampling.greedy else (m.quality_gamma, m.quality_slack)
-        return Controller(self.model, key, gammas, widths, tree=m.tree, prefer=prefer)
+        return Controller(self.model, key, gammas, widths, tree=m.tree)
 
     def _width_capacity(self) -> int:
         """The widest beam the loaded contexts hold ('auto' width picks up to it)."""

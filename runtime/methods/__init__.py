@@ -42,10 +42,6 @@ class Method:
     # draft leaves the output distribution as it is (lossless sd); MTAD sets 4, a joint draft.
     # Greedy decoding gives ar's text at any length, so there 'auto' starts at 0 for every method.
     min_auto_gamma: ClassVar[int] = 1
-    # Where a longer draft gives better text (MTAD's joint test), 'auto' when sampling drafts
-    # ``quality_gamma`` rather than a shorter gamma forecast at most ``quality_slack`` faster.
-    quality_gamma: ClassVar[int] = 0
-    quality_slack: ClassVar[float] = 0.0
 
     def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
         """What one step needs at gamma and width for the request ``cfg`` (None: for any request,

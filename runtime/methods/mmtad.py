@@ -21,11 +21,6 @@ if TYPE_CHECKING:
 
 class MMTAD(Method):
     min_auto_gamma = MTAD.min_auto_gamma  # a joint draft, as mtad's (see there)
-    # On Gemma 3 270M mmtad's gamma 3 was 1.08x gamma 4's PPL (90 % interval 1.01-1.14; the
-    # quality prompts, README "Quality") at the same speed, beyond the 1.05x bound: where gamma 4
-    # is forecast within 3 % of a shorter draft's speed 'auto' drafts 4. Since the floor is 4
-    # (mtad's, above) this changes nothing unless --gamma-max is below 4.
-    quality_gamma, quality_slack = 4, 0.03
     name = "mmtad"
     summary = "MTAD verifying all beams at once as a tree"
     uses_beams = True
