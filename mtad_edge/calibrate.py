@@ -37,11 +37,20 @@ def _version() -> str:
 
 def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int], aux_rows: list[int]) -> str:
     parts: list[Any] = [options.backend, options.provider, options.threads or os.cpu_count(), options.n_gpu_layers]
-    for path in (models.pair.target, models.pair.aux):
-        st = Path(str(path)).stat() if path is not None else None
-        parts.append([str(path), st.st_size if st else 0, st.st_mtime_ns if st else 0])
-    parts += [target_rows, aux_rows, _version()]
+    parts += [*files_identity(models.pair.target, models.pair.aux), target_rows, aux_rows, _version()]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
+
+def files_identity(*paths: Any) -> list[list[Any]]:
+    """Each model file (or ONNX folder) as [path, size, mtime]: a rebuilt file is another model."""
+    out = []
+    for path in paths:
+        try:
+            st = Path(str(path)).stat() if path is not None else None
+        except OSError:
+            st = None
+        out.append([str(path), st.st_size if st else 0, st.st_mtime_ns if st else 0])
+    return out
 
 
 def _timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool) -> float:

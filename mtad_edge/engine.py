@@ -313,7 +313,9 @@ class Engine:
         return self._models
 
     def _request(self, options: dict[str, Any]) -> DecodeConfig:
-        cfg = self._defaults.with_options(options)
+        from mtad_edge.tune import floor_for
+
+        cfg = floor_for(self._require_open().pair, self._defaults.with_options(options))
         if methods.get(cfg.method).needs_aux and self._require_open().aux is None:
             raise OptionError(f"method {cfg.method} needs an auxiliary model; this engine has only a target", "method")
         width = cfg.beam_width if isinstance(cfg.beam_width, int) else 0

@@ -13,7 +13,17 @@ from .options import AUTO, OPTIONS, check, default
 from .sampling import SamplingConfig
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
-DECODE_FIELDS = ("method", "max_tokens", "gamma", "gamma_max", "beam_width", "tree", "accept_threshold", "seed")
+DECODE_FIELDS = (
+    "method",
+    "max_tokens",
+    "gamma",
+    "gamma_max",
+    "gamma_min",
+    "beam_width",
+    "tree",
+    "accept_threshold",
+    "seed",
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,7 @@ class DecodeConfig:
     max_tokens: int = default("max_tokens")
     gamma: Union[int, str] = default("gamma")  # a length, or "auto"
     gamma_max: int = default("gamma_max")
+    gamma_min: Optional[int] = default("gamma_min")  # None: the method's floor (or a tuned one)
     beam_width: Union[int, str] = default("beam_width")  # a width, or "auto"
     tree: str = default("tree")  # MMTAD: "final" beams' prefixes or the "full" tree of every live beam
     accept_threshold: float = default("accept_threshold")
@@ -31,6 +42,8 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         for name in DECODE_FIELDS:
             object.__setattr__(self, name, check(name, getattr(self, name)))
+        if self.gamma_min is not None and self.gamma_min > self.gamma_max:
+            raise OptionError(f"gamma_min must be <= gamma_max ({self.gamma_max}), got {self.gamma_min}", "gamma_min")
         if self.beam_width == AUTO and not methods.get(self.method).uses_beams:
             raise OptionError(
                 f"beam_width 'auto' applies to methods that draft with beams (mtad, mmtad); {self.method} does not",

@@ -54,6 +54,7 @@ class Stats:
     predicted_tokens: float = 0.0  # the controller's expected committed tokens, summed over steps
     predicted_s: float = 0.0  # and its expected seconds
     controller_s: float = 0.0  # time spent choosing (gamma, width) and learning
+    gamma_min: Optional[int] = None  # gamma 'auto': the shortest draft it could choose
     vocab_resyncs: int = 0  # aux vocabulary differs: target tokens re-tokenised for the aux
     vocab_mapped_share: Optional[float] = None  # and the share of generated tokens the aux could draft
 
@@ -131,6 +132,7 @@ class Generation:
         # A seeded adaptive run plans from a frozen copy (its text then depends on the seed only),
         # unless the caller wants it to learn like an unseeded one (``learn``: bench).
         self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive and not learn else model
+        self.gamma_floor: Optional[int] = None  # gamma 'auto': the shortest draft allowed
         self.controller = self._controller()
         self.layout = self.method.layout(self.max_gamma, self.max_width, cfg)
         if self.layout.target_seqs > target.n_seq_max:
@@ -148,7 +150,7 @@ class Generation:
         self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         self.rng = np.random.default_rng(self.seed)
         self.tokens = list(prompt)
-        self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
+        self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed, gamma_min=self.gamma_floor)
         self.drafter: Optional[BeamDrafter] = None
         if self.method.needs_aux and aux is not None:
             cross = CrossVocab(vocab, target, aux) if vocab is not None else None
@@ -169,13 +171,13 @@ class Generation:
         self.max_width = fixed_width or self._width_capacity()
         if not cfg.adaptive:
             return FixedController(cfg.max_gamma, self.max_width)
-        # MTAD's four-token floor keeps its joint test joint; greedy, every length gives ar's text.
-        floor = 0 if cfg.sampling.greedy else m.min_auto_gamma
-        gammas = (
-            range(min(floor, cfg.gamma_max), cfg.gamma_max + 1)
-            if cfg.gamma == AUTO
-            else range(cfg.max_gamma, cfg.max_gamma + 1)
-        )
+        gammas = range(cfg.max_gamma, cfg.max_gamma + 1)
+        if cfg.gamma == AUTO:
+            # MTAD's four-token floor keeps its joint test joint (``mtad-edge tune`` may measure a
+            # lower one for a pair: gamma_min); greedy, every length gives ar's text.
+            floor = cfg.gamma_min if cfg.gamma_min is not None else 0 if cfg.sampling.greedy else m.min_auto_gamma
+            self.gamma_floor = min(floor, cfg.gamma_max)
+            gammas = range(self.gamma_floor, cfg.gamma_max + 1)
         widths = [fixed_width] if fixed_width else list(range(1, self.max_width + 1))
         s = cfg.sampling
         key = f"{m.name} T={s.temperature} k={s.top_k} p={s.top_p} a={cfg.accept_threshold}"

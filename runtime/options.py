@@ -154,12 +154,22 @@ OPTIONS: dict[str, Option] = {
             "int",
             AUTO,
             "Draft length; 'auto': the controller picks 0..gamma_max each step "
-            "(4..gamma_max for mtad/mmtad when sampling), from measured costs and acceptance.",
+            "(gamma_min..gamma_max), from measured costs and acceptance.",
             lo=1,
             hi=GAMMA_MAX,
             auto=True,
         ),
         Option("gamma_max", "int", 8, "Longest draft gamma 'auto' may choose.", lo=1, hi=GAMMA_MAX),
+        Option(
+            "gamma_min",
+            "int",
+            None,
+            "Shortest draft gamma 'auto' may choose, 0 = a plain target step (default: for mtad/mmtad when "
+            "sampling, the floor `mtad-edge tune` measured for the pair and these settings, else 4; 0 otherwise).",
+            lo=0,
+            hi=GAMMA_MAX,
+            nullable=True,
+        ),
         Option(
             "beam_width",
             "int",

@@ -342,6 +342,32 @@ def test_greedy_mtad_auto_drops_its_floor():
     assert out == [t for b in ar for t in b]
 
 
+@pytest.mark.parametrize("method", ["mtad", "mmtad"])
+def test_gamma_min_moves_mtads_floor_either_way(method):
+    """gamma_min replaces the method's floor: 0 lets mtad auto step plainly where drafting is
+    useless and costly (as greedy does), 6 keeps every draft but the max_tokens-cut last at 6 or
+    more; Stats.gamma_min reports the floor in force (4 by default when sampling)."""
+    for gamma_min, ok in ((None, lambda g: g >= 4), (0, lambda g: True), (6, lambda g: g >= 6)):
+        clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
+        gen = Generation(target, aux, [1, 2, 3], auto(method=method, gamma_min=gamma_min), clock=clock)
+        [t for b in gen for t in b]
+        hist = gen.stats.gamma_hist
+        assert gen.stats.gamma_min == (4 if gamma_min is None else gamma_min)
+        assert sum(n for g, n in hist.items() if not ok(g)) <= 1, (gamma_min, hist)
+        if gamma_min == 0:
+            assert hist.get(0, 0) / sum(hist.values()) > 0.6, hist
+    fixed = Generation(target, aux, [1, 2, 3], DecodeConfig(method, 20, gamma=3, gamma_min=1))
+    [t for b in fixed for t in b]
+    assert fixed.stats.gamma_min is None and set(fixed.stats.gamma_hist) <= {3}  # a fixed gamma ignores it
+
+
+def test_gamma_min_above_gamma_max_is_a_one_line_error():
+    with pytest.raises(ValueError, match=r"gamma_min must be <= gamma_max \(8\), got 9"):
+        DecodeConfig("mtad", gamma_min=9)
+    with pytest.raises(ValueError, match="gamma_min must be an integer in 0..16"):
+        DecodeConfig("mtad", gamma_min=-1)
+
+
 def test_a_tree_verify_is_priced_from_its_own_calls():
     """MMTAD's tree verify keeps its own cost table: on ONNX Runtime a tree mask made it cost about
     twice a straight verify of as many rows, and sharing one table mispriced sd's verifies too."""

@@ -51,9 +51,9 @@ def paired(
                     "variant": label,
                     "against": other,
                     "runs": len(keys),
-                    "speed": _interval(keys, partial(_speed_ratio, auto, b), draws, level, rng),
+                    "speed": interval(keys, partial(_speed_ratio, auto, b), draws, level, rng),
                     "speed_median": float(np.median([_speed_ratio(auto, b, [k]) for k in keys])),
-                    "ppl": _interval(keys, partial(_ppl_ratio, auto, b), draws, level, rng) if scored else None,
+                    "ppl": interval(keys, partial(ppl_ratio, auto, b), draws, level, rng) if scored else None,
                 }
             )
     return rows
@@ -64,7 +64,7 @@ def _speed_ratio(a: Runs, b: Runs, keys: Sequence[Key]) -> float:
     return _rate(a, keys) / rb if rb > 0 else float("nan")
 
 
-def _ppl_ratio(a: Runs, b: Runs, keys: Sequence[Key]) -> float:
+def ppl_ratio(a: Runs, b: Runs, keys: Sequence[Key]) -> float:
     pa, pb = pooled_ppl([a[k] for k in keys]), pooled_ppl([b[k] for k in keys])
     return pa / pb if pa is not None and pb else float("nan")
 
@@ -74,7 +74,7 @@ def _rate(runs: Runs, keys: Sequence[Key]) -> float:
     return sum(runs[k]["generated"] for k in keys) / seconds if seconds > 0 else float("nan")
 
 
-def _interval(
+def interval(
     keys: Sequence[Key], stat: Callable[[Sequence[Key]], float], draws: int, level: float, rng: np.random.Generator
 ) -> dict[str, Optional[float]]:
     point = stat(keys)

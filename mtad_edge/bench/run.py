@@ -137,7 +137,7 @@ def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: Ener
 
 # Stats of the adaptive-drafting controller (gamma/width "auto") and of drafting across
 # vocabularies (an aux with another tokenizer): passed through when present.
-CONTROLLER_KEYS = ("gamma_hist", "width_hist", "predicted_tokens_per_s", "controller_s")
+CONTROLLER_KEYS = ("gamma_hist", "width_hist", "predicted_tokens_per_s", "controller_s", "gamma_min")
 VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 
 

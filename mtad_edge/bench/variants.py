@@ -22,6 +22,7 @@ from mtad_edge.runtime.options import AUTO_WIDTH_MAX, OPTIONS
 # Short names for labels and --variant specs; the option table's full names work too.
 SHORT = {
     "gamma": "g",
+    "gamma_min": "gmin",
     "beam_width": "w",
     "accept_threshold": "thr",
     "temperature": "T",

@@ -31,6 +31,7 @@ def _register() -> None:
     from mtad_edge.cli.generate import generate
     from mtad_edge.cli.models import models
     from mtad_edge.cli.serve import serve
+    from mtad_edge.cli.tune import tune
 
     cli.add_command(generate)
     cli.add_command(models)
@@ -38,6 +39,7 @@ def _register() -> None:
     cli.add_command(serve)
     cli.add_command(chat)
     cli.add_command(export)
+    cli.add_command(tune)
 
 
 _register()

@@ -75,6 +75,7 @@ sampling_options = _stack(
         for n in (
             "gamma",
             "gamma_max",
+            "gamma_min",
             "beam_width",
             "tree",
             "accept_threshold",

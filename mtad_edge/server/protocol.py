@@ -41,6 +41,7 @@ REQUEST_FIELDS = {
     "method": "method",
     "gamma": "gamma",
     "gamma_max": "gamma_max",
+    "gamma_min": "gamma_min",
     "tree": "tree",
     "beam_width": "beam_width",
     "accept_threshold": "accept_threshold",

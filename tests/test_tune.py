@@ -1,0 +1,150 @@
+"""`mtad-edge tune`: the floor rule, the cache that carries a floor to later requests, and a real
+run on the default pair."""
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from mtad_edge import tune as floors
+from mtad_edge.cli import cli
+from mtad_edge.pairs import Pair
+from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.errors import OptionError
+from mtad_edge.runtime.sampling import SamplingConfig
+
+
+@pytest.mark.parametrize(
+    "ratios,floor",
+    [
+        ({3: 1.03}, 3),  # 2 not measured: no further
+        ({3: 1.03, 2: 1.06}, 3),
+        ({3: 1.06}, 4),
+        ({3: 1.0, 2: 1.05, 1: 1.2}, 2),  # the bound itself passes
+        ({3: 0.98, 2: 1.01, 1: 1.04}, 1),
+        ({2: 1.0}, 4),  # a gap: 3 was never shown to pass
+        ({3: math.nan, 2: 1.0}, 4),
+    ],
+)
+def test_the_floor_is_the_shortest_gamma_whose_every_longer_one_is_within_the_bound(ratios, floor):
+    assert floors.choose(ratios, 4, 1.05) == floor
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """Two model files and a private cache dir for floors."""
+    monkeypatch.setattr(floors, "home", lambda: tmp_path / "cache")
+    target, aux = tmp_path / "t.gguf", tmp_path / "a.gguf"
+    target.write_bytes(b"target")
+    aux.write_bytes(b"aux")
+    return Pair(target, aux)
+
+
+def sampled(**kw):
+    return DecodeConfig("mtad", gamma="auto", **kw)
+
+
+def test_a_saved_floor_reaches_the_requests_it_was_measured_for_and_no_other(files):
+    cfg = sampled()
+    assert floors.floor_for(files, cfg) is cfg  # nothing measured: the method's own floor
+    floors.save(files, cfg, {"floor": 2})
+    assert floors.floor_for(files, cfg).gamma_min == 2
+    assert floors.floor_for(files, sampled(gamma_max=3)).gamma_min == 2  # gamma_max does not change the text
+    assert floors.floor_for(files, sampled(gamma_min=3)).gamma_min == 3  # the request's own wins
+    unrelated = [
+        sampled(sampling=SamplingConfig(0.7, 10, 0.9)),  # other sampling options
+        sampled(accept_threshold=0.3),
+        sampled(beam_width=2),
+        sampled(beam_width="auto"),
+        sampled(sampling=SamplingConfig(0.0, 10, 0.9)),  # greedy
+        DecodeConfig("mtad", gamma=4),  # a fixed gamma
+        DecodeConfig("sd", gamma="auto"),
+        DecodeConfig("mmtad", gamma="auto"),
+    ]
+    for other in unrelated:
+        assert floors.floor_for(files, other) is other, other
+    files.aux.write_bytes(b"a requantised aux")  # other model files: measured for something else
+    assert floors.floor_for(files, cfg) is cfg
+
+
+def test_a_floor_is_capped_by_gamma_max_and_a_damaged_record_is_ignored(files):
+    cfg = sampled(gamma_max=2)
+    floors.save(files, cfg, {"floor": 3})
+    assert floors.floor_for(files, cfg).gamma_min == 2
+    for bad in ({"floor": 9}, {"floor": "3"}, {"floor": 0}, {}):
+        floors.save(files, cfg, bad)
+        assert floors.floor_for(files, cfg) is cfg, bad
+    floors.path_for(files, cfg).write_text("{not json")
+    assert floors.floor_for(files, cfg) is cfg
+
+
+@pytest.mark.parametrize(
+    "cfg,needle",
+    [
+        (DecodeConfig("sd"), "sd has no quality floor"),
+        (DecodeConfig("mtad", sampling=SamplingConfig(0.0, 10, 0.9)), "temperature 0 is greedy"),
+        (DecodeConfig("mtad", beam_width="auto"), "give --beam-width N"),
+    ],
+)
+def test_what_cannot_be_tuned_says_why(cfg, needle):
+    with pytest.raises(OptionError, match=needle):
+        floors.check_tunable(cfg)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--temperature", "0"], "temperature 0 is greedy"),
+        (["--beam-width", "auto"], "give --beam-width N"),
+        (["--method", "sd"], "--method"),
+        (["--bound", "0.9"], "--bound"),
+        (["--prompts", "/nonexistent.jsonl"], "cannot read prompts file"),
+    ],
+)
+def test_tune_cli_bad_input_is_one_line(args, needle):
+    r = CliRunner().invoke(cli, ["tune", *args])
+    assert r.exit_code in (1, 2) and needle in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.slow
+def test_tune_measures_saves_and_auto_starts_from_the_floor(smol_files, tmp_path, monkeypatch):
+    """The real default pair on two prompts: gammas 4, 3, ... measured on the same seeds until one
+    is over the bound, the floor the shortest within it, the ratios those of the pooled PPLs; then
+    the engine's 'auto' requests for the same options draft no shorter than that floor."""
+    from mtad_edge import Engine
+
+    monkeypatch.setattr(floors, "home", lambda: tmp_path)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Once upon a time"}\n{"prompt": "The best way to learn"}\n')
+    pair = ["--target", str(smol_files.target), "--aux", str(smol_files.aux), "--ctx-size", "256"]
+    r = CliRunner().invoke(
+        cli, ["tune", *pair, "--prompts", str(prompts), "--repeats", "2", "--max-tokens", "24", "--bound", "1.3"]
+    )
+    assert r.exit_code == 0, r.output
+    [path] = (tmp_path / "floors").glob("*.json")
+    record = json.loads(path.read_text())
+    gammas = {int(g): row for g, row in record["gammas"].items()}
+    assert record["reference"] == 4 and record["prompt_runs"] == 4 and 4 in gammas
+    assert sorted(gammas, reverse=True) == list(range(4, 4 - len(gammas), -1))
+    ratios = {g: row["ppl_ratio"]["ratio"] for g, row in gammas.items() if g < 4}
+    for g, ratio in ratios.items():
+        assert ratio == pytest.approx(gammas[g]["ppl"] / gammas[4]["ppl"])
+        low, high = gammas[g]["ppl_ratio"]["low"], gammas[g]["ppl_ratio"]["high"]
+        assert low <= high and all(row["generated"] == 4 * 24 for row in gammas.values())
+    shortest = min(gammas)
+    assert shortest == 1 or ratios[shortest] > 1.3  # stopped at the first over the bound, or at 1
+    assert all(ratios[g] <= 1.3 for g in ratios if g > shortest)
+    assert record["floor"] == floors.choose(ratios, 4, 1.3)
+    assert f"at least {record['floor']}" in r.output and "saved to" in r.output
+
+    with Engine.load(target=str(smol_files.target), aux=str(smol_files.aux), n_ctx=256, gamma="auto") as engine:
+        for method, floor in (("mtad", record["floor"]), ("mmtad", 4)):  # mmtad was not tuned
+            resp = engine.generate("Once upon a time", method=method, max_tokens=40, temperature=1.0, seed=3)
+            resp.text()
+            hist = resp.stats.gamma_hist
+            assert resp.stats.gamma_min == floor and sum(hist.values()) == resp.stats.target_calls
+            assert sum(n for g, n in hist.items() if g < floor) <= 1, hist  # the last step may be cut
+        own = engine.generate("Once upon a time", method="mtad", max_tokens=8, temperature=1.0, gamma_min=5)
+        own.text()
+        assert own.stats.gamma_min == 5
