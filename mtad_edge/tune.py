@@ -2,19 +2,22 @@
 
 A short draft makes MTAD's joint test less joint: more of the text is the bonus token, sampled
 token by token, and perplexity rises. How fast it rises depends on the pair: gamma 3 against
-gamma 4 on the same quality prompts and seeds measured 1.07x (mtad) and 1.085x (mmtad) on
-SmolLM2-135M, 1.04x (mtad) on Gemma 3 270M. A class constant (the method's ``min_auto_gamma``,
-4, the paper's gamma) is safe for every pair and slow for some, so gamma 'auto' uses it only until
-the pair at hand was measured.
+gamma 4, on the quality prompts with 48 prompt-runs, measured 1.07x and 1.03x (mtad, two sets of
+seeds) on SmolLM2-135M and 1.01x and 1.02x on Gemma 3 270M. A class constant (the method's
+``min_auto_gamma``, 4, the paper's gamma) is safe for every pair and slow for some, so gamma
+'auto' uses it only until the pair at hand was measured.
 
 ``tune`` decodes the quality prompts at fixed gamma = the method's floor (the reference), then one
-shorter at a time on the same prompts and seeds, and stops at the first whose pooled perplexity
-(under the target's raw distribution, as ``bench`` scores it) is above ``bound`` x the
-reference's. The floor is the shortest that passed, decided on the pooled ratio; the 90 %
-bootstrap interval over prompt-runs is recorded beside it, so a user can see how sure it is. The
-record is cached under <cache>/floors/ per (model files, method, beam width, tree, temperature,
-top-k, top-p, accept threshold): what changes the text, not the speed. A request with gamma
-'auto', sampling and no gamma_min of its own then starts from it (Stats.gamma_min shows it).
+shorter at a time on the same prompts and seeds. Each shorter gamma's pooled perplexity (under
+the target's raw distribution, as ``bench`` scores it) is compared with the reference's on
+bootstrap resamples of the prompt-runs, and it passes when at least ``confidence`` (0.8) of
+them are within ``bound`` (1.05) x the reference's: a point estimate alone is a coin toss near
+the bound (48 prompt-runs read a ratio of 1.03 as [0.98, 1.08]). The floor is the shortest that
+passed, every longer one passing too; tuning stops at the first that does not. The record (each
+gamma's PPL, ratio, 90 % interval, share within, tok/s) is cached under <cache>/floors/ per
+(model files, method, beam width, tree, temperature, top-k, top-p, accept threshold): what
+changes the text, not the speed. A request with gamma 'auto', sampling, a fixed width and no
+gamma_min of its own then starts from it (Stats.gamma_min shows it).
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.options import AUTO
 
 BOUND = 1.05  # the issue's bound: PPL <= 1.05x the PPL at the reference gamma
-LEVEL = 0.9
+CONFIDENCE = 0.8  # the share of resamples a shorter gamma must be within the bound in
+LEVEL = 0.9  # the interval shown
+DRAWS = 2000
 
 
 def reference(cfg: DecodeConfig) -> int:
@@ -99,13 +104,14 @@ def floor_for(pair: Pair, cfg: DecodeConfig) -> DecodeConfig:
     return dataclasses.replace(cfg, gamma_min=min(floor, cfg.gamma_max))
 
 
-def choose(ratios: dict[int, float], ref: int, bound: float = BOUND) -> int:
-    """The shortest gamma below ``ref`` whose PPL ratio (and every longer one's) is within
-    ``bound``; ``ref`` when none is. ``ratios``: gamma -> PPL / PPL at ``ref``."""
+def choose(within: dict[int, float], ref: int, confidence: float = CONFIDENCE) -> int:
+    """The shortest gamma below ``ref`` that (with every longer one) was within the bound with
+    at least ``confidence``; ``ref`` when none was. ``within``: gamma -> the share of bootstrap
+    resamples of the prompt-runs whose PPL ratio to ``ref`` is within the bound."""
     floor = ref
     for g in range(ref - 1, 0, -1):
-        r = ratios.get(g)
-        if r is None or not np.isfinite(r) or r > bound:
+        share = within.get(g)
+        if share is None or not share >= confidence:
             break
         floor = g
     return floor
@@ -117,12 +123,13 @@ def tune(
     prompts: list[dict[str, Any]],
     repeats: int,
     bound: float = BOUND,
+    confidence: float = CONFIDENCE,
     progress: Callable[[int], None] = lambda n: None,
 ) -> dict[str, Any]:
     """Measure the floor (see the module doc). ``cfg``: the request options (its gamma is
     ignored). The record's ``gammas``: per gamma measured, pooled PPL, tok/s, generated tokens
     and (below the reference) the PPL ratio with its interval."""
-    from mtad_edge.bench.paired import interval, ppl_ratio
+    from mtad_edge.bench.paired import interval, ppl_ratio, resampled
     from mtad_edge.bench.quality import pooled_ppl
     from mtad_edge.bench.run import BenchConfig, run_bench
     from mtad_edge.bench.variants import make
@@ -144,16 +151,20 @@ def tune(
             "generated": sum(r["generated"] for r in mine),
         }
         if g < ref:
-            row["ppl_ratio"] = interval(keys, partial(ppl_ratio, runs[g], runs[ref]), 2000, LEVEL, rng)
+            stat = partial(ppl_ratio, runs[g], runs[ref])
+            boots = resampled(keys, stat, DRAWS, rng)
+            row["ppl_ratio"] = interval(keys, stat, DRAWS, LEVEL, rng, boots)
+            row["within"] = float(np.mean([b <= bound for b in boots])) if boots else 0.0
         rows[g] = row
-        if g < ref and not row["ppl_ratio"]["ratio"] <= bound:
-            break  # out of bound (or unmeasurable): the shorter ones are not tried
-    ratios = {g: r["ppl_ratio"]["ratio"] for g, r in rows.items() if g < ref}
+        if g < ref and choose({g: row["within"]}, g + 1, confidence) > g:
+            break  # not shown to be within: the shorter ones are not tried
+    within = {g: r["within"] for g, r in rows.items() if g < ref}
     s = cfg.sampling
     return {
-        "floor": choose(ratios, ref, bound),
+        "floor": choose(within, ref, confidence),
         "reference": ref,
         "bound": bound,
+        "confidence": confidence,
         "method": cfg.method,
         "beam_width": cfg.beam_width,
         "tree": cfg.tree,

@@ -8,6 +8,16 @@ import pytest
 from helpers import FakeLM
 
 
+@pytest.fixture(autouse=True)
+def no_tuned_floors(tmp_path_factory, monkeypatch):
+    """Floors saved by `mtad-edge tune` on this machine would change what gamma 'auto' drafts on
+    the real pairs: every test reads (and writes) floors in a folder of its own."""
+    from mtad_edge import tune
+
+    folder = tmp_path_factory.mktemp("floors-home")
+    monkeypatch.setattr(tune, "home", lambda: folder)
+
+
 @pytest.fixture
 def fake_pair():
     """Target (5 sequences: room for mmtad's 4 beams) and a different draft model over the

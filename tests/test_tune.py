@@ -16,19 +16,19 @@ from mtad_edge.runtime.sampling import SamplingConfig
 
 
 @pytest.mark.parametrize(
-    "ratios,floor",
+    "within,floor",
     [
-        ({3: 1.03}, 3),  # 2 not measured: no further
-        ({3: 1.03, 2: 1.06}, 3),
-        ({3: 1.06}, 4),
-        ({3: 1.0, 2: 1.05, 1: 1.2}, 2),  # the bound itself passes
-        ({3: 0.98, 2: 1.01, 1: 1.04}, 1),
+        ({3: 0.9}, 3),  # 2 not measured: no further
+        ({3: 0.9, 2: 0.6}, 3),
+        ({3: 0.79}, 4),
+        ({3: 1.0, 2: 0.8, 1: 0.1}, 2),  # the confidence itself passes
+        ({3: 1.0, 2: 0.95, 1: 0.85}, 1),
         ({2: 1.0}, 4),  # a gap: 3 was never shown to pass
         ({3: math.nan, 2: 1.0}, 4),
     ],
 )
-def test_the_floor_is_the_shortest_gamma_whose_every_longer_one_is_within_the_bound(ratios, floor):
-    assert floors.choose(ratios, 4, 1.05) == floor
+def test_the_floor_is_the_shortest_gamma_whose_every_longer_one_was_shown_within_the_bound(within, floor):
+    assert floors.choose(within, 4, 0.8) == floor
 
 
 @pytest.fixture
@@ -99,6 +99,7 @@ def test_what_cannot_be_tuned_says_why(cfg, needle):
         (["--beam-width", "auto"], "give --beam-width N"),
         (["--method", "sd"], "--method"),
         (["--bound", "0.9"], "--bound"),
+        (["--confidence", "1"], "--confidence"),
         (["--prompts", "/nonexistent.jsonl"], "cannot read prompts file"),
     ],
 )
@@ -118,24 +119,27 @@ def test_tune_measures_saves_and_auto_starts_from_the_floor(smol_files, tmp_path
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Once upon a time"}\n{"prompt": "The best way to learn"}\n')
     pair = ["--target", str(smol_files.target), "--aux", str(smol_files.aux), "--ctx-size", "256"]
-    r = CliRunner().invoke(
-        cli, ["tune", *pair, "--prompts", str(prompts), "--repeats", "2", "--max-tokens", "24", "--bound", "1.3"]
-    )
+    small = ["--prompts", str(prompts), "--repeats", "1", "--max-tokens", "16", "--bound", "1.3", "--confidence", "0.6"]
+    r = CliRunner().invoke(cli, ["tune", *pair, *small])
     assert r.exit_code == 0, r.output
     [path] = (tmp_path / "floors").glob("*.json")
     record = json.loads(path.read_text())
     gammas = {int(g): row for g, row in record["gammas"].items()}
-    assert record["reference"] == 4 and record["prompt_runs"] == 4 and 4 in gammas
+    assert record["reference"] == 4 and record["prompt_runs"] == 2 and 4 in gammas
     assert sorted(gammas, reverse=True) == list(range(4, 4 - len(gammas), -1))
-    ratios = {g: row["ppl_ratio"]["ratio"] for g, row in gammas.items() if g < 4}
-    for g, ratio in ratios.items():
+    within = {g: row["within"] for g, row in gammas.items() if g < 4}
+    for g in within:
+        ratio = gammas[g]["ppl_ratio"]["ratio"]
         assert ratio == pytest.approx(gammas[g]["ppl"] / gammas[4]["ppl"])
         low, high = gammas[g]["ppl_ratio"]["low"], gammas[g]["ppl_ratio"]["high"]
-        assert low <= high and all(row["generated"] == 4 * 24 for row in gammas.values())
+        assert low - 1e-9 <= ratio <= high + 1e-9  # half the resamples of two runs are the pair itself
+        # two runs a, b: half the resamples are ab or ba, whose ratio is the pooled one
+        assert within[g] > 0.45 if ratio <= 1.3 else within[g] < 0.55
+    assert all(0 < row["generated"] <= 2 * 16 and row["tokens_per_s"] > 0 for row in gammas.values())
     shortest = min(gammas)
-    assert shortest == 1 or ratios[shortest] > 1.3  # stopped at the first over the bound, or at 1
-    assert all(ratios[g] <= 1.3 for g in ratios if g > shortest)
-    assert record["floor"] == floors.choose(ratios, 4, 1.3)
+    assert shortest == 1 or within[shortest] < 0.6  # stopped at the first not shown within, or at 1
+    assert all(within[g] >= 0.6 for g in within if g > shortest)
+    assert record["floor"] == floors.choose(within, 4, 0.6) and record["confidence"] == 0.6
     assert f"at least {record['floor']}" in r.output and "saved to" in r.output
 
     with Engine.load(target=str(smol_files.target), aux=str(smol_files.aux), n_ctx=256, gamma="auto") as engine:

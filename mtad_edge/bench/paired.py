@@ -74,14 +74,29 @@ def _rate(runs: Runs, keys: Sequence[Key]) -> float:
     return sum(runs[k]["generated"] for k in keys) / seconds if seconds > 0 else float("nan")
 
 
-def interval(
-    keys: Sequence[Key], stat: Callable[[Sequence[Key]], float], draws: int, level: float, rng: np.random.Generator
-) -> dict[str, Optional[float]]:
-    point = stat(keys)
-    if len(keys) < 2:  # nothing to resample
-        return {"ratio": point, "low": None, "high": None}
+def resampled(
+    keys: Sequence[Key], stat: Callable[[Sequence[Key]], float], draws: int, rng: np.random.Generator
+) -> list[float]:
+    """``stat`` on ``draws`` bootstrap resamples of the prompt-runs (the finite values; none
+    from fewer than two)."""
+    if len(keys) < 2:
+        return []
     boots = [stat([keys[i] for i in rng.integers(0, len(keys), len(keys))]) for _ in range(draws)]
-    finite = [x for x in boots if math.isfinite(x)]
+    return [x for x in boots if math.isfinite(x)]
+
+
+def interval(
+    keys: Sequence[Key],
+    stat: Callable[[Sequence[Key]], float],
+    draws: int,
+    level: float,
+    rng: np.random.Generator,
+    finite: Optional[list[float]] = None,
+) -> dict[str, Optional[float]]:
+    """The point value and its ``level`` percentile interval (from ``finite``, resamples already
+    drawn, or fresh ones)."""
+    point = stat(keys)
+    finite = resampled(keys, stat, draws, rng) if finite is None else finite
     if not finite:
         return {"ratio": point, "low": None, "high": None}
     low, high = np.percentile(finite, [50 * (1 - level), 50 * (1 + level)])

@@ -26,7 +26,8 @@ class MTAD(Method):
     # SmolLM2-135M at gamma 1 / 2 / 3, mtad 1.21 / 1.07 / 1.03 and mmtad 1.15 / 1.06 / 1.03 (4
     # seeds); gamma 3 with 6 seeds on another machine, mtad 1.07 and mmtad 1.085 (90 % intervals
     # 1.01-1.13 and 1.04-1.13); on Gemma 3 270M, gamma 3: mtad 1.04, mmtad 1.08 (1.01-1.14). A
-    # faster, less joint draft is the user's to ask for (--gamma 3). README, "Quality".
+    # faster, less joint draft is the user's to ask for (--gamma 3, --gamma-min), or to have
+    # measured for the pair at hand (`mtad-edge tune`: mtad_edge/tune.py). README, "Quality".
     min_auto_gamma = 4
     name = "mtad"
     summary = "multi-token assisted decoding: beam draft, joint acceptance"
