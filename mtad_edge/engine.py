@@ -211,9 +211,10 @@ class Engine:
         **options: Any,
     ) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
-        gamma, beam_width, accept_threshold, seed. ``logprobs=N``: once the answer is complete,
-        ``Response.logprobs`` holds each token's log-probability under the target's raw
-        distribution and its N most likely alternatives (mtad_edge/logprobs.py).
+        gamma, gamma_max, gamma_min, beam_width, tree, accept_threshold, seed. ``logprobs=N``:
+        once the answer is complete, ``Response.logprobs`` holds each token's log-probability
+        under the target's raw distribution and its N most likely alternatives
+        (mtad_edge/logprobs.py).
 
         Without a seed the cached prefix of the last request is reused (a chat's next turn
         prefills only what is new). With one, the caches are cleared first: llama.cpp's logits

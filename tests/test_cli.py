@@ -46,11 +46,17 @@ def invoke(*args):
         (["--max-tokens", "0"], "--max-tokens"),
         (["--method", "beams"], "--method"),
         (["--top-k", "-2"], "--top-k"),
+        (["--gamma-min", "-1"], "--gamma-min"),
     ],
 )
 def test_invalid_parameters_are_usage_errors(args, needle):
     r = invoke("generate", "hi", *args)
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+def test_gamma_min_above_gamma_max_is_one_line():
+    r = invoke("generate", "hi", "--gamma-min", "5", "--gamma-max", "4")
+    assert r.exit_code == 1 and "gamma_min must be <= gamma_max (4), got 5" in r.output and "Traceback" not in r.output
 
 
 def test_target_without_aux_needs_ar():

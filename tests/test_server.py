@@ -204,6 +204,7 @@ def test_client_disconnect_mid_stream_frees_the_server(server, client):
         ({"messages": [{"role": "user", "content": "hi"}], "method": "beams"}, 400, "method"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n=1"),
         ({"messages": [{"role": "user", "content": "hi"}], "gamma": 9}, 400, "gamma <= 8"),  # the default gamma_max
+        ({"messages": [{"role": "user", "content": "hi"}], "gamma_min": 9}, 400, "gamma_min must be <= gamma_max"),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "body over"),
         ({"messages": [{"role": "user", "content": "a " * 1500}]}, 400, "prompt has"),  # ~1500 tokens, 3 KB
     ],
