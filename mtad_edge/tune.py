@@ -99,7 +99,7 @@ def floor_for(pair: Pair, cfg: DecodeConfig) -> DecodeConfig:
         floor = json.loads(path_for(pair, cfg).read_text())["floor"]
     except (OSError, ValueError, KeyError, TypeError):
         return cfg
-    if not isinstance(floor, int) or not 1 <= floor <= reference(cfg):
+    if not isinstance(floor, int) or isinstance(floor, bool) or not 1 <= floor <= reference(cfg):
         return cfg  # a damaged record: the constant floor is the safe one
     return dataclasses.replace(cfg, gamma_min=min(floor, cfg.gamma_max))
 
@@ -156,7 +156,7 @@ def tune(
             row["ppl_ratio"] = interval(keys, stat, DRAWS, LEVEL, rng, boots)
             row["within"] = float(np.mean([b <= bound for b in boots])) if boots else 0.0
         rows[g] = row
-        if g < ref and choose({g: row["within"]}, g + 1, confidence) > g:
+        if g < ref and not row["within"] >= confidence:
             break  # not shown to be within: the shorter ones are not tried
     within = {g: r["within"] for g, r in rows.items() if g < ref}
     s = cfg.sampling

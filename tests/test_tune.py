@@ -72,7 +72,7 @@ def test_a_floor_is_capped_by_gamma_max_and_a_damaged_record_is_ignored(files):
     cfg = sampled(gamma_max=2)
     floors.save(files, cfg, {"floor": 3})
     assert floors.floor_for(files, cfg).gamma_min == 2
-    for bad in ({"floor": 9}, {"floor": "3"}, {"floor": 0}, {}):
+    for bad in ({"floor": 9}, {"floor": "3"}, {"floor": 0}, {"floor": True}, {}):
         floors.save(files, cfg, bad)
         assert floors.floor_for(files, cfg) is cfg, bad
     floors.path_for(files, cfg).write_text("{not json")
