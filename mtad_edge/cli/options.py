@@ -19,7 +19,7 @@ from mtad_edge.engine import Engine
 from mtad_edge.loader import BACKENDS, PROVIDERS, ModelOptions
 from mtad_edge.pairs import DEFAULT_PAIR, Pair, resolve
 from mtad_edge.runtime.compat import MISMATCH_MODES
-from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS, DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError
 from mtad_edge.runtime.options import OPTIONS, Option
 
@@ -56,37 +56,25 @@ class OptionType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-def request_option(name: str) -> Decorator:
+def request_option(name: str, default: Any = None, help: Optional[str] = None) -> Decorator:
+    """``--name`` parsed and checked by the option table; ``default`` and ``help`` replace the
+    table's for a command that means something else by the option (tune's base seed)."""
     opt = OPTIONS[name]
+    default = opt.default if default is None else default
     return click.option(
         "--" + name.replace("_", "-"),
         name,
         type=OptionType(opt),
-        default=opt.default,
-        show_default=opt.default is not None,
-        help=f"{opt.help} ({opt.describe()})",
+        default=default,
+        show_default=default is not None,
+        help=f"{help or opt.help} ({opt.describe()})",
     )
 
 
 method_option = request_option("method")
-sampling_options = _stack(
-    *(
-        request_option(n)
-        for n in (
-            "gamma",
-            "gamma_max",
-            "gamma_min",
-            "beam_width",
-            "tree",
-            "accept_threshold",
-            "temperature",
-            "top_k",
-            "top_p",
-            "seed",
-            "max_tokens",
-        )
-    )
-)
+# Every request option but the method (commands choose theirs), in the table's order.
+_REQUEST = DECODE_FIELDS + SAMPLING_FIELDS
+sampling_options = _stack(*(request_option(n) for n in OPTIONS if n in _REQUEST and n != "method"))
 
 
 def decode_options(f: Callable[..., Any]) -> Callable[..., Any]:

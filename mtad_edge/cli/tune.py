@@ -12,16 +12,8 @@ import click
 
 from mtad_edge import tune as floors
 from mtad_edge.bench.run import load_prompts
-from mtad_edge.cli.options import (
-    ModelChoice,
-    OptionType,
-    decode_config,
-    errors_as_click,
-    model_options,
-    request_option,
-)
+from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, request_option
 from mtad_edge.runtime.llama_cpp_backend import default_threads
-from mtad_edge.runtime.options import OPTIONS
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
@@ -43,16 +35,8 @@ def _fmt(v: Optional[float], spec: str) -> str:
 @request_option("temperature")
 @request_option("top_k")
 @request_option("top_p")
-@click.option(
-    "--seed", type=OptionType(OPTIONS["seed"]), default=0, show_default=True, help="Base seed of the prompt-runs."
-)
-@click.option(
-    "--max-tokens",
-    type=OptionType(OPTIONS["max_tokens"]),
-    default=128,
-    show_default=True,
-    help="Tokens per prompt-run.",
-)
+@request_option("seed", default=0, help="Base seed of the prompt-runs.")
+@request_option("max_tokens", default=128, help="Tokens per prompt-run.")
 @click.option(
     "--prompts",
     "prompts_file",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from mtad_edge.logprobs import TokenLogprob
+from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS
 
 
 class BadRequest(Exception):
@@ -29,23 +30,10 @@ class BadRequest(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-# Request field (OpenAI's name, or one of our extra fields) -> the option it sets. Values are
-# checked by the option table when the engine builds the request (runtime/options.py).
-REQUEST_FIELDS = {
-    "max_tokens": "max_tokens",
-    "max_completion_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "seed": "seed",
-    "method": "method",
-    "gamma": "gamma",
-    "gamma_max": "gamma_max",
-    "gamma_min": "gamma_min",
-    "tree": "tree",
-    "beam_width": "beam_width",
-    "accept_threshold": "accept_threshold",
-}
+# Request field (OpenAI's name, or one of our extra fields) -> the option it sets: every request
+# option under its own name, and OpenAI's newer name for max_tokens. Values are checked by the
+# option table when the engine builds the request (runtime/options.py).
+REQUEST_FIELDS = {**{name: name for name in DECODE_FIELDS + SAMPLING_FIELDS}, "max_completion_tokens": "max_tokens"}
 # Fields read below, by kind of request.
 HANDLED = {
     "chat": {"model", "messages", "stream", "stream_options", "n", "stop", "logprobs", "top_logprobs"},
