@@ -20,8 +20,9 @@ from typing import Any, Optional
 from mtad_edge.loader import LoadedPair, ModelOptions
 from mtad_edge.pairs import home
 from mtad_edge.runtime.backend import Backend, Batch
+from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.controller import Costs, Model
-from mtad_edge.runtime.sampling import SamplingConfig, filtered_logprobs
+from mtad_edge.runtime.sampling import filtered_logprobs
 
 _TEXT = "The quick brown fox jumps over the lazy dog while the river runs quietly past the old mill."
 

@@ -20,8 +20,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mtad_edge.floors import floor_for
 from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
-from mtad_edge.logprobs import TokenLogprob, score
+from mtad_edge.logprobs import TokenLogprob, score, token_logprobs
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
@@ -267,8 +268,6 @@ class Engine:
 
     def score(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """log p_target(token | prefix) of each of ``tokens`` after ``prompt_ids`` (raw logits)."""
-        from mtad_edge.bench.score import token_logprobs
-
         with self._hold():
             return token_logprobs(self._require_open().target, list(prompt_ids), list(tokens))
 
@@ -314,8 +313,6 @@ class Engine:
         return self._models
 
     def _request(self, options: dict[str, Any]) -> DecodeConfig:
-        from mtad_edge.tune import floor_for
-
         cfg = floor_for(self._require_open().pair, self._defaults.with_options(options))
         if methods.get(cfg.method).needs_aux and self._require_open().aux is None:
             raise OptionError(f"method {cfg.method} needs an auxiliary model; this engine has only a target", "method")

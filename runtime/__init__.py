@@ -4,10 +4,9 @@ Heavy backends are imported lazily: ``from mtad_edge.runtime.llama_cpp_backend i
 """
 
 from .backend import Backend, Batch, VocabInfo
-from .config import DecodeConfig
-from .decoding import Generation, Stats, generate_tokens
+from .config import DecodeConfig, SamplingConfig
+from .decoding import Generation, Stats
 from .errors import ContextOverflowError, IncompatiblePairError, ModelLoadError, MtadEdgeError, OptionError
-from .sampling import SamplingConfig
 
 __all__ = [
     "Backend",
@@ -16,7 +15,6 @@ __all__ = [
     "DecodeConfig",
     "Generation",
     "Stats",
-    "generate_tokens",
     "ContextOverflowError",
     "IncompatiblePairError",
     "ModelLoadError",

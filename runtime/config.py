@@ -10,7 +10,6 @@ from typing import Any, Optional, Union
 from . import methods
 from .errors import OptionError
 from .options import AUTO, OPTIONS, check, default
-from .sampling import SamplingConfig
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
 DECODE_FIELDS = (
@@ -24,6 +23,23 @@ DECODE_FIELDS = (
     "accept_threshold",
     "seed",
 )
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Temperature, top-k and top-p (sampling.Filter), checked by the option table."""
+
+    temperature: float = default("temperature")
+    top_k: int = default("top_k")  # 0 disables
+    top_p: float = default("top_p")  # 1.0 disables
+
+    def __post_init__(self) -> None:
+        for name in SAMPLING_FIELDS:
+            object.__setattr__(self, name, check(name, getattr(self, name)))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 @dataclass(frozen=True)

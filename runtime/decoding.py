@@ -1,15 +1,16 @@
-"""The decoding loop: prefill, then one method step at a time, clipped at EOS and max_tokens.
+"""The decoding loop: prefill, then one step at a time (plan, draft, verify, commit), clipped at
+EOS and max_tokens.
 
 Invariant (gpt-fast style): ``tokens`` is the committed text; the target's sequence 0 holds all
 of it but the last token, which is "pending" and fed at the next step together with any draft.
-Each step returns the tokens it commits; rolling back is cutting the KV cache by position. The
-backends record what each sequence holds, so reusing a cached prefix across runs (a chat's next
-turn) needs no bookkeeping here.
+A method's step returns what it did (methods/base.py: StepResult); the loop alone commits it,
+cuts the caches to what was accepted, updates the stats and teaches the controller. The backends
+record what each sequence holds, so reusing a cached prefix across runs (a chat's next turn)
+needs no bookkeeping here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -19,13 +20,13 @@ from typing import Any, Optional
 import numpy as np
 
 from . import methods
-from .backend import Backend, TokenIds, common_prefix, feed
+from .backend import Backend, common_prefix, feed
 from .config import DecodeConfig
 from .controller import Controller, FixedController, Model, Plan
 from .drafter import BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
+from .methods import StepResult, StepView
 from .options import AUTO, AUTO_WIDTH_MAX
-from .sampling import filtered_logprobs
 from .vocab import CrossVocab, VocabMap
 
 TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
@@ -108,7 +109,8 @@ class Generation:
     laid out exactly as in a fresh context). ``model``: what the adaptive controller has learned
     about this pair (an engine shares one between requests). ``clock``: seconds, for timings.
     ``vocab``: the map when the aux speaks another vocabulary (runtime/vocab.py). ``learn``: a
-    seeded run too plans from ``model`` and teaches it (else from a frozen copy)."""
+    seeded run too plans from ``model`` and teaches it (else from a frozen copy). ``aux`` must be
+    given for a method that drafts (the engine opens one where its methods need it)."""
 
     def __init__(
         self,
@@ -125,16 +127,15 @@ class Generation:
         if not prompt:
             raise OptionError("the prompt must contain at least one token", "prompt")
         self.method = methods.get(cfg.method)
-        if self.method.needs_aux and aux is None:
-            raise OptionError(f"method {cfg.method} needs an auxiliary model (use --aux, or method ar)", "method")
-        self.target, self.aux, self.cfg, self.reuse, self.clock = target, aux, cfg, reuse, clock
+        self.target, self.cfg, self.reuse, self.clock = target, cfg, reuse, clock
+        self.aux = aux if self.method.needs_aux else None
         model = model if model is not None else Model()
         # A seeded adaptive run plans from a frozen copy (its text then depends on the seed only),
         # unless the caller wants it to learn like an unseeded one (``learn``: bench).
         self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive and not learn else model
         self.gamma_floor: Optional[int] = None  # gamma 'auto': the shortest draft allowed
         self.controller = self._controller()
-        self.layout = self.method.layout(self.max_gamma, self.max_width, cfg)
+        self.layout = self.method.layout(self.max_gamma, self.max_width, cfg.tree)
         if self.layout.target_seqs > target.n_seq_max:
             raise OptionError(
                 f"{cfg.method} with {self.max_width} beams needs a target context with "
@@ -152,12 +153,11 @@ class Generation:
         self.tokens = list(prompt)
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed, gamma_min=self.gamma_floor)
         self.drafter: Optional[BeamDrafter] = None
-        if self.method.needs_aux and aux is not None:
-            cross = CrossVocab(vocab, target, aux) if vocab is not None else None
-            self.drafter = BeamDrafter(aux, cfg.sampling, self.rng, self.max_width, clock, cross)
-        self._outcome: Optional[tuple[int, np.ndarray]] = None  # the last step's (k, cum log q), if it drafted
+        if self.aux is not None:
+            cross = CrossVocab(vocab, target, self.aux) if vocab is not None else None
+            self.drafter = BeamDrafter(self.aux, cfg.sampling, self.rng, self.max_width, clock, cross)
+        self.view = StepView(target, self.tokens, cfg.sampling, cfg.accept_threshold, cfg.tree, self.rng, clock)
         self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
-        self._calls_s = 0.0  # seconds the current step's model calls took
 
     def _controller(self) -> FixedController | Controller:
         """``--gamma N`` with a fixed width is a controller that always answers (N, w); 'auto'
@@ -165,7 +165,7 @@ class Generation:
         cfg, m = self.cfg, self.method
         fixed_width = 1 if not m.uses_beams else cfg.beam_width if isinstance(cfg.beam_width, int) else None
         if not m.needs_aux:  # nothing drafts, so nothing adapts: ar, or beam's own windows on the target
-            self.max_gamma, self.max_width = m.fixed_plan(cfg)
+            self.max_gamma, self.max_width = m.fixed_plan(cfg.gamma, cfg.beam_width)
             return FixedController(self.max_gamma, self.max_width)
         self.max_gamma = cfg.max_gamma
         self.max_width = fixed_width or self._width_capacity()
@@ -173,8 +173,8 @@ class Generation:
             return FixedController(cfg.max_gamma, self.max_width)
         gammas = range(cfg.max_gamma, cfg.max_gamma + 1)
         if cfg.gamma == AUTO:
-            # MTAD's four-token floor keeps its joint test joint (``mtad-edge tune`` may measure a
-            # lower one for a pair: gamma_min); greedy, every length gives ar's text.
+            # MTAD's joint floor keeps its joint test joint (``mtad-edge tune`` may measure a lower
+            # one for a pair: gamma_min); greedy, every length gives ar's text.
             floor = cfg.gamma_min if cfg.gamma_min is not None else 0 if cfg.sampling.greedy else m.min_auto_gamma
             self.gamma_floor = min(floor, cfg.gamma_max)
             gammas = range(self.gamma_floor, cfg.gamma_max + 1)
@@ -196,8 +196,8 @@ class Generation:
         t0 = clock()
         between_steps = False  # caches match the bookkeeping only between steps
         try:
-            with self.timed("prefill_s"):
-                self._prefill()
+            self._prefill()
+            st.prefill_s = clock() - t0
             while True:
                 between_steps = True
                 if len(self.tokens) > self._room():
@@ -205,7 +205,6 @@ class Generation:
                     return
                 between_steps = False
                 new = self._step()
-                self.tokens.extend(new)
                 between_steps = True
                 out, stop = self._clip(new)
                 st.generated += len(out)
@@ -226,28 +225,74 @@ class Generation:
             st.other_s = st.wall_s - sum(getattr(st, f) for f in TIMED_FIELDS)
 
     def _step(self) -> list[int]:
-        """Ask the controller for (gamma, width), run the method's step, tell the controller how
-        it went."""
+        """Plan (gamma, width), draft, let the method verify, commit what it kept, learn."""
         st, clock = self.stats, self.clock
         t0 = clock()
         plan = self.controller.plan(self.max_gamma, len(self.tokens) - self._synced)
         if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
             plan = Plan(0, plan.width)
-        st.controller_s += clock() - t0
-        self._outcome, self._calls_s = None, 0.0
-        new = self.method.step(self, plan.gamma, plan.width)
         t1 = clock()
-        k, cum = self._outcome if self._outcome is not None else (None, np.zeros(0))
-        self.controller.observe_step(plan, k, cum, t1 - t0, self._calls_s)
+        draft = self._draft(plan) if plan.gamma and self.drafter is not None else None
+        t2 = clock()
+        result = self.method.step(self.view, plan.gamma, plan.width, draft)
+        t3 = clock()
+        new = self._commit(result, draft)
+        t4 = clock()
+        self._learn(plan, draft, result, t4 - t0)
+        st.controller_s += (t1 - t0) + (clock() - t4)
+        st.draft_s += t2 - t1
+        st.verify_s += t3 - t2
+        return new
+
+    def _draft(self, plan: Plan) -> Draft:
+        assert self.drafter is not None
+        keep_going = self.controller.keep_going if isinstance(self.controller, Controller) else None
+        return self.drafter.propose(
+            self.tokens, plan.gamma, plan.width, rows=self.method.wants_q_rows, keep_going=keep_going
+        )
+
+    def _commit(self, result: StepResult, draft: Optional[Draft]) -> list[int]:
+        """Keep what the step accepted: the target's sequence 0 keeps the pending token and the k
+        accepted drafted tokens, the aux follows, the text grows by the step's tokens."""
+        st = self.stats
+        st.target_calls += len(result.calls)
+        if draft is not None:
+            k = result.accepted
+            assert k is not None and self.drafter is not None
+            self.target.rollback(0, len(self.tokens) + k)
+            self.drafter.commit(k, result.beam)
+            st.drafted += len(draft.tokens)
+            st.accepted += k
+            st.accept_lengths.append(k)
+        self.tokens.extend(result.tokens)
+        if draft is not None:
+            self._synced = len(self.tokens)  # the aux has seen all but the bonus, which it feeds next
+        return result.tokens
+
+    def _learn(self, plan: Plan, draft: Optional[Draft], result: StepResult, seconds: float) -> None:
+        """Teach the cost tables and the controller what the step's calls took and delivered."""
+        m, st = self.model, self.stats
+        calls_s = 0.0
+        if draft is not None:
+            self.controller.observe_beams(plan.width, [n for n, _ in draft.calls[1:]])
+            for i, (rows, secs) in enumerate(draft.calls):
+                if i == 0:  # after plain steps the first call feeds the committed tokens the aux skipped
+                    m.observe_catchup(rows, secs)
+                m.aux.observe(rows, secs)
+                calls_s += secs
+        for call in result.calls:
+            (m.tree if call.tree else m.target).observe(call.rows, call.seconds)
+            calls_s += call.seconds
+        if result.tree_nodes is not None:
+            self.controller.observe_tree(plan.width, result.tree_nodes)
+        k, cum = (result.accepted, draft.cum_logq) if draft is not None else (None, np.zeros(0))
+        self.controller.observe_step(plan, k, cum, seconds, calls_s)
         drafted = len(cum)
         st.gamma_hist[drafted] = st.gamma_hist.get(drafted, 0) + 1
         if drafted:
             st.width_hist[plan.width] = st.width_hist.get(plan.width, 0) + 1
-            self._synced = len(self.tokens) + len(new)  # the aux has seen all but the bonus
         st.predicted_tokens += plan.tokens
         st.predicted_s += plan.seconds
-        st.controller_s += clock() - t1
-        return new
 
     def _prefill(self) -> None:
         """Evaluate all prompt tokens but the last, reusing the cached prefix they share."""
@@ -270,7 +315,7 @@ class Generation:
     def _room(self) -> int:
         """Committed tokens the contexts can hold with room for one more step."""
         room = self.target.n_ctx - self.layout.target_cells
-        if self.method.needs_aux and self.aux is not None:
+        if self.aux is not None:
             room = min(room, self.aux.n_ctx - self.layout.aux_cells)
         return room
 
@@ -285,67 +330,3 @@ class Generation:
             self.stats.finish_reason = "length"
             return new[:room], True
         return new, False
-
-    # -- what a method's step calls ---------------------------------------------------------------
-    @contextlib.contextmanager
-    def timed(self, stat: str) -> Iterator[None]:
-        """Add the wall time of the block to ``stats.<stat>`` (prefill_s, draft_s, verify_s)."""
-        t0 = self.clock()
-        try:
-            yield
-        finally:
-            setattr(self.stats, stat, getattr(self.stats, stat) + self.clock() - t0)
-
-    def target_logp(self, draft: TokenIds = ()) -> np.ndarray:
-        """One target call on the pending token plus ``draft``: filtered log p for every draft
-        position plus one (one row without a draft)."""
-        with self.timed("verify_s"):
-            t0, rows = self.clock(), len(self.tokens) - len(self.target.held(0)) + len(draft)
-            logits = feed(self.target, self.tokens, draft, logits="all" if len(draft) else "last")
-            p = filtered_logprobs(logits, self.cfg.sampling)
-            self.observe_target(rows, self.clock() - t0)
-            return p
-
-    def observe_target(self, rows: int, seconds: float, tree: bool = False) -> None:
-        """One target call of ``rows`` rows (its logits filtered) took ``seconds``; ``tree``: a
-        tree verify (MMTAD), timed in a table of its own."""
-        self.stats.target_calls += 1
-        self._calls_s += seconds
-        (self.model.tree if tree else self.model.target).observe(rows, seconds)
-
-    def propose(self, gamma: int, width: int, rows: bool = False) -> Draft:
-        assert self.drafter is not None
-        keep_going = self.controller.keep_going if isinstance(self.controller, Controller) else None
-        with self.timed("draft_s"):
-            draft = self.drafter.propose(self.tokens, gamma, width, rows=rows, keep_going=keep_going)
-        self._calls_s += sum(seconds for _, seconds in draft.calls)
-        self.controller.observe_beams(width, [n for n, _ in draft.calls[1:]])
-        for i, (n, seconds) in enumerate(draft.calls):
-            if i == 0 and n > 2:  # the aux fed committed tokens it had skipped (plain steps): a catch-up
-                self.model.observe_catchup(n, seconds)
-            self.model.aux.observe(n, seconds)
-        self.stats.drafted += len(draft.tokens)
-        self._outcome = (0, draft.cum_logq)
-        return draft
-
-    def commit(self, beam_tokens: TokenIds, k: int, bonus: int, beam: Optional[int] = None) -> list[int]:
-        """Keep x_1..x_k of the accepted beam and the bonus: the target keeps the pending token
-        and the k accepted tokens in its cache, the aux cache follows."""
-        self.target.rollback(0, len(self.tokens) + k)
-        new = [int(t) for t in beam_tokens[:k]] + [int(bonus)]
-        assert self.drafter is not None
-        self.drafter.commit(k, beam)
-        self.stats.accepted += k
-        self.stats.accept_lengths.append(k)
-        if self._outcome is not None:
-            self._outcome = (k, self._outcome[1])
-        return new
-
-
-def generate_tokens(
-    target: Backend, aux: Optional[Backend], prompt: Sequence[int], cfg: DecodeConfig
-) -> tuple[list[int], Stats]:
-    """Run to the end; return (generated token ids, stats)."""
-    gen = Generation(target, aux, prompt, cfg)
-    out = [t for block in gen for t in block]
-    return out, gen.stats

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from .backend import Backend, Batch, common_prefix, feed
-from .sampling import SamplingConfig, filtered_logprobs, sample_without_replacement
+from .sampling import Filter, RankAt1, filtered_logprobs, sample_without_replacement
 from .vocab import CrossVocab
 
 # Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
@@ -79,7 +79,7 @@ class BeamDrafter:
     def __init__(
         self,
         model: Backend,
-        sampling: SamplingConfig,
+        sampling: Filter,
         rng: np.random.Generator,
         max_width: int,
         clock: Callable[[], float] = time.perf_counter,
@@ -93,7 +93,7 @@ class BeamDrafter:
         self.model, self.rng, self.max_width, self.clock, self.cross = model, rng, max_width, clock, cross
         self.ctx: list[int] = []  # the aux's committed context: the target's own list when they share a vocabulary
         self.greedy = sampling.greedy
-        self.score_cfg = SamplingConfig(1.0, sampling.top_k, sampling.top_p) if self.greedy else sampling
+        self.score_cfg: Filter = RankAt1(sampling.top_k, sampling.top_p) if self.greedy else sampling
         self._width = max_width  # the width of the last draft (its banks of sequences)
         self._seqs, self._best = [0], 0  # after propose: each final beam's sequence, the best one
         self._cached = 0  # drafted tokens those sequences hold in their cache

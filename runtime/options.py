@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import OptionError
+from .methods import names as method_names
 
 AUTO = "auto"
 
@@ -112,12 +113,6 @@ def _is_number(v: Any, integral: bool) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def _methods() -> tuple[str, ...]:
-    from .methods import names  # the registry; imported late: methods import this module's users
-
-    return names()
-
-
 TREES = ("final", "full")
 AUTO_WIDTH_MAX = 4  # the widest beam 'auto' width may pick when nothing larger was loaded
 GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
@@ -127,7 +122,7 @@ SEED_MAX = 2**64 - 1
 OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
-        Option("method", "choice", "mtad", "Decoding method.", choices=_methods),
+        Option("method", "choice", "mtad", "Decoding method.", choices=method_names),
         Option("max_tokens", "int", 256, "Tokens to generate at most (also capped by the context).", lo=1),
         Option("temperature", "float", 1.0, "Sampling temperature; 0 = greedy.", lo=0, hi=2),
         Option("top_k", "int", 10, "Keep the k most likely tokens; 0 disables.", lo=0),

@@ -9,27 +9,38 @@ then top-p. Temperature 0 means greedy: the distribution is one-hot on the argma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
-
-from .options import check, default
 
 NEG_INF = -np.inf
 
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = default("temperature")
-    top_k: int = default("top_k")  # 0 disables
-    top_p: float = default("top_p")  # 1.0 disables
-
-    def __post_init__(self) -> None:
-        for name in ("temperature", "top_k", "top_p"):  # bounds and messages: options.OPTIONS
-            object.__setattr__(self, name, check(name, getattr(self, name)))
+class Filter(Protocol):
+    """The sampling settings a filtered distribution depends on (config.SamplingConfig is one)."""
 
     @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+    def temperature(self) -> float: ...
+
+    @property
+    def top_k(self) -> int: ...
+
+    @property
+    def top_p(self) -> float: ...
+
+    @property
+    def greedy(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RankAt1:
+    """A filter's top-k and top-p at temperature 1: what greedy beam search ranks beams by (the
+    greedy distribution is one-hot and cannot rank them)."""
+
+    top_k: int
+    top_p: float
+    temperature: float = 1.0
+    greedy: bool = False
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -66,7 +77,7 @@ def top_p_mask(logp: np.ndarray, p: float) -> np.ndarray:
     return np.where(drop, NEG_INF, logp)
 
 
-def filtered_logprobs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+def filtered_logprobs(logits: np.ndarray, cfg: Filter) -> np.ndarray:
     """log of the distribution we sample from: temperature -> top-k -> top-p, renormalised.
 
     ``logits`` has shape (V,) or (rows, V). At temperature 0 each row is one-hot on its argmax.

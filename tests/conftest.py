@@ -12,10 +12,10 @@ from helpers import FakeLM
 def no_tuned_floors(tmp_path_factory, monkeypatch):
     """Floors saved by `mtad-edge tune` on this machine would change what gamma 'auto' drafts on
     the real pairs: every test reads (and writes) floors in a folder of its own."""
-    from mtad_edge import tune
+    from mtad_edge import floors
 
     folder = tmp_path_factory.mktemp("floors-home")
-    monkeypatch.setattr(tune, "home", lambda: folder)
+    monkeypatch.setattr(floors, "home", lambda: folder)
 
 
 @pytest.fixture

@@ -146,11 +146,17 @@ def assert_rollback_equals_fresh(t, atol: float) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
 
 
+def generate_tokens(target, aux, prompt, cfg, **kw):
+    """Run a Generation to the end: (generated token ids, stats)."""
+    from mtad_edge.runtime.decoding import Generation
+
+    gen = Generation(target, aux, prompt, cfg, **kw)
+    return [t for block in gen for t in block], gen.stats
+
+
 def greedy(target, aux, ids, n: int, method: str = "ar"):
     """(tokens, stats) of greedy decoding with ``method``."""
-    from mtad_edge.runtime.config import DecodeConfig
-    from mtad_edge.runtime.decoding import generate_tokens
-    from mtad_edge.runtime.sampling import SamplingConfig
+    from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 
     return generate_tokens(target, aux, ids, DecodeConfig(method, n, sampling=SamplingConfig(temperature=0.0)))
 

@@ -6,12 +6,12 @@ import itertools
 import numpy as np
 import pytest
 
-from helpers import FakeLM, greedy
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.decoding import Generation, generate_tokens
+from helpers import FakeLM, generate_tokens, greedy
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
+from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.methods import get
-from mtad_edge.runtime.sampling import SamplingConfig, filtered_logprobs
+from mtad_edge.runtime.sampling import filtered_logprobs
 
 PROMPT = [1, 2, 3, 4]
 

@@ -5,10 +5,9 @@ import pytest
 
 from helpers import scripted_pair
 from mtad_edge.runtime.acceptance import Acceptance, Beams
-from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.controller import Controller, Model
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.sampling import SamplingConfig
 
 
 def always_accepted(ctrl: Controller, width: int, gamma: int = 8, steps: int = 60) -> None:

@@ -6,12 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from helpers import scripted_pair
+from helpers import generate_tokens, scripted_pair
 from mtad_edge.runtime import controller
-from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.controller import Acceptance, Controller, Costs, Delivered, FixedController, Model, Plan
-from mtad_edge.runtime.decoding import Generation, generate_tokens
-from mtad_edge.runtime.sampling import SamplingConfig
+from mtad_edge.runtime.decoding import Generation
 
 
 def simulate(ctrl: Controller, steps: int, target_s, aux_s, accept_p, rng, max_gamma: int = 8, catchup_s=None):

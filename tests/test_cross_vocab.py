@@ -10,10 +10,9 @@ from helpers import near_tie_at_first_difference
 from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
-from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import IncompatiblePairError
-from mtad_edge.runtime.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingConfig(temperature=0.0)

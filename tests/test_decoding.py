@@ -3,12 +3,20 @@
 import numpy as np
 import pytest
 
-from helpers import FakeLM, assert_blocks_follow_trees, chi2_critical, chi2_stat, exact_two_token_joint, record_trees
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.decoding import Generation, generate_tokens
+from helpers import (
+    FakeLM,
+    assert_blocks_follow_trees,
+    chi2_critical,
+    chi2_stat,
+    exact_two_token_joint,
+    generate_tokens,
+    record_trees,
+)
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
+from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.drafter import BeamDrafter
 from mtad_edge.runtime.errors import ContextOverflowError
-from mtad_edge.runtime.sampling import SamplingConfig, filtered_logprobs
+from mtad_edge.runtime.sampling import filtered_logprobs
 
 PROMPT = [1, 2, 3]
 GREEDY = SamplingConfig(temperature=0.0)

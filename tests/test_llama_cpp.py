@@ -3,15 +3,21 @@
 import numpy as np
 import pytest
 
-from helpers import assert_blocks_follow_trees, common_prefix, decode_beams, near_tie_at_first_difference, record_trees
+from helpers import (
+    assert_blocks_follow_trees,
+    common_prefix,
+    decode_beams,
+    generate_tokens,
+    near_tie_at_first_difference,
+    record_trees,
+)
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.decoding import Generation, generate_tokens
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
+from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import IncompatiblePairError, ModelLoadError
 from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
-from mtad_edge.runtime.sampling import SamplingConfig
 from mtad_edge.textstream import detokenize
 
 pytestmark = pytest.mark.slow

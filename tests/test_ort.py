@@ -6,16 +6,21 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from helpers import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, decode_beams, greedy_agreement
+from helpers import (
+    assert_drafting_equals_greedy_ar,
+    assert_rollback_equals_fresh,
+    decode_beams,
+    generate_tokens,
+    greedy_agreement,
+)
 from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair, load_manifest, prepare
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.compat import check_pair
-from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.decoding import Generation, generate_tokens
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
+from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
-from mtad_edge.runtime.sampling import SamplingConfig
 
 pytestmark = pytest.mark.slow
 HAS_CUDA = "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers()

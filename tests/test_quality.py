@@ -16,9 +16,8 @@ from mtad_edge.bench.quality import (
     run_counts,
 )
 from mtad_edge.bench.variants import capacity, expand, parse_spec
-from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.sampling import SamplingConfig
 
 ABAB = [1, 2, 1, 2, 1, 2]
 

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.sampling import (
-    SamplingConfig,
     filtered_logprobs,
     log_softmax,
     sample,

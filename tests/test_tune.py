@@ -7,12 +7,11 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from mtad_edge import tune as floors
+from mtad_edge import floors, tune
 from mtad_edge.cli import cli
 from mtad_edge.pairs import Pair
-from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.sampling import SamplingConfig
 
 
 @pytest.mark.parametrize(
@@ -28,7 +27,7 @@ from mtad_edge.runtime.sampling import SamplingConfig
     ],
 )
 def test_the_floor_is_the_shortest_gamma_whose_every_longer_one_was_shown_within_the_bound(within, floor):
-    assert floors.choose(within, 4, 0.8) == floor
+    assert tune.choose(within, 4, 0.8) == floor
 
 
 @pytest.fixture
@@ -89,7 +88,7 @@ def test_a_floor_is_capped_by_gamma_max_and_a_damaged_record_is_ignored(files):
 )
 def test_what_cannot_be_tuned_says_why(cfg, needle):
     with pytest.raises(OptionError, match=needle):
-        floors.check_tunable(cfg)
+        tune.check_tunable(cfg)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +138,7 @@ def test_tune_measures_saves_and_auto_starts_from_the_floor(smol_files, tmp_path
     shortest = min(gammas)
     assert shortest == 1 or within[shortest] < 0.6  # stopped at the first not shown within, or at 1
     assert all(within[g] >= 0.6 for g in within if g > shortest)
-    assert record["floor"] == floors.choose(within, 4, 0.6) and record["confidence"] == 0.6
+    assert record["floor"] == tune.choose(within, 4, 0.6) and record["confidence"] == 0.6
     assert f"at least {record['floor']}" in r.output and "saved to" in r.output
 
     with Engine.load(target=str(smol_files.target), aux=str(smol_files.aux), n_ctx=256, gamma="auto") as engine:

@@ -7,10 +7,10 @@ import pytest
 from helpers import FakeLM, chi2_critical, chi2_stat, exact_two_token_joint
 from mtad_edge.loader import pair_vocabulary
 from mtad_edge.runtime.backend import VocabInfo
-from mtad_edge.runtime.config import DecodeConfig
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import IncompatiblePairError
-from mtad_edge.runtime.sampling import SamplingConfig, filtered_logprobs
+from mtad_edge.runtime.sampling import filtered_logprobs
 from mtad_edge.runtime.vocab import CrossVocab, build_map, map_models
 
 # Token 0 is a control token in both (it prints nothing). The target has "ba" and "cd" the aux

@@ -43,10 +43,3 @@ def _register() -> None:
 
 
 _register()
-
-
-def main() -> None:
-    """Run the command line as the console script does (mtad_edge/console.py)."""
-    from mtad_edge.console import main as console_main
-
-    console_main()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mtad_edge import hub
+import mtad_edge.hub as hub
 from mtad_edge.cli.options import errors_as_click
 from mtad_edge.pairs import DEFAULT_PAIR, Manifest, builtin_names, home, hub_pair_names, load_manifest, prepare
 

@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 import click
 
-from mtad_edge import tune as floors
+import mtad_edge.floors as floors
+import mtad_edge.tune as tuning
 from mtad_edge.bench.run import load_prompts
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, request_option
 from mtad_edge.runtime.llama_cpp_backend import default_threads
@@ -24,7 +25,7 @@ def _fmt(v: Optional[float], spec: str) -> str:
 @model_options
 @click.option(
     "--method",
-    type=click.Choice(floors.tunable()),
+    type=click.Choice(tuning.tunable()),
     default="mtad",
     show_default=True,
     help="The method whose floor is measured.",
@@ -55,14 +56,14 @@ def _fmt(v: Optional[float], spec: str) -> str:
 @click.option(
     "--bound",
     type=click.FloatRange(min=1.0, max=2.0),
-    default=floors.BOUND,
+    default=tuning.BOUND,
     show_default=True,
     help="Largest PPL ratio to the reference gamma a shorter draft may have.",
 )
 @click.option(
     "--confidence",
     type=click.FloatRange(min=0.5, max=0.99),
-    default=floors.CONFIDENCE,
+    default=tuning.CONFIDENCE,
     show_default=True,
     help="Share of bootstrap resamples of the prompt-runs a shorter draft must be within the bound in.",
 )
@@ -86,7 +87,7 @@ def tune(
     within the bound in CONFIDENCE of the bootstrap resamples of the prompt-runs; 5-12 minutes
     on a 135-270M pair on 2 CPU cores. Requests that give --gamma-min keep their own."""
     cfg = decode_config(**options)
-    floors.check_tunable(cfg)
+    tuning.check_tunable(cfg)
     prompts = load_prompts(prompts_file)
     model = replace(model, options=replace(model.options, threads=model.options.threads or default_threads()))
     ref = floors.reference(cfg)
@@ -99,7 +100,7 @@ def tune(
     )
     with model.engine(replace(cfg, gamma=ref), [cfg.method], (ref, width)) as engine:
         with click.progressbar(length=len(prompts) * repeats * ref, label="tune", file=sys.stderr) as bar:
-            record = floors.tune(engine, cfg, prompts, repeats, bound, confidence, bar.update)
+            record = tuning.tune(engine, cfg, prompts, repeats, bound, confidence, bar.update)
         pair = engine.pair
     click.echo(
         f"{'gamma':>5}  {'PPL':>7}  {f'vs g={ref}':>8}  {'90 % interval':>16}  {f'<= {bound:g}':>7}  {'tok/s':>7}",

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from ..sampling import sample
-from . import Layout, Method
-
-if TYPE_CHECKING:
-    from ..config import DecodeConfig
-    from ..decoding import Generation
+from ..drafter import Draft
+from .base import Layout, Method, StepResult, StepView, plain_step
 
 
 class AR(Method):
@@ -18,15 +14,8 @@ class AR(Method):
     needs_aux = False
     min_auto_gamma = 0
 
-    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
+    def layout(self, gamma: int, width: int, tree: Optional[str] = None) -> Layout:
         return Layout()
 
-    def step(self, run: Generation, gamma: int, width: int) -> list[int]:
+    def step(self, run: StepView, gamma: int, width: int, draft: Optional[Draft]) -> StepResult:
         return plain_step(run)
-
-
-def plain_step(run: Generation) -> list[int]:
-    """One target call on the pending token, one sampled token (also what a drafting method
-    does when its controller chooses gamma 0)."""
-    p = run.target_logp()
-    return [sample(p[-1], run.rng)]

@@ -20,15 +20,10 @@ fixed-gamma defaults drafted), so ``--method beam`` works with the default optio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from ..drafter import BeamDrafter, beam_cells, beam_slots
-from . import Layout, Method
-from .ar import plain_step
-
-if TYPE_CHECKING:
-    from ..config import DecodeConfig
-    from ..decoding import Generation
+from ..drafter import BeamDrafter, Draft, beam_cells, beam_slots
+from .base import Call, Layout, Method, StepResult, StepView
 
 AUTO_WINDOW = 4  # gamma 'auto' (and width 'auto'): the paper's gamma 4 and beam width 4
 
@@ -39,25 +34,20 @@ class Beam(Method):
     needs_aux = False
     uses_beams = True
 
-    def layout(self, gamma: int, width: int, cfg: Optional[DecodeConfig] = None) -> Layout:
+    def layout(self, gamma: int, width: int, tree: Optional[str] = None) -> Layout:
         # Sequence 0 plus two banks of w beams; the pending token plus the beams' cells.
         return Layout(beam_slots(width), beam_cells(width, gamma))
 
-    def fixed_plan(self, cfg: DecodeConfig) -> tuple[int, int]:
-        gamma = cfg.gamma if isinstance(cfg.gamma, int) else AUTO_WINDOW
-        return gamma, cfg.beam_width if isinstance(cfg.beam_width, int) else AUTO_WINDOW
+    def fixed_plan(self, gamma: int | str, width: int | str) -> tuple[int, int]:
+        return (gamma if isinstance(gamma, int) else AUTO_WINDOW), (width if isinstance(width, int) else AUTO_WINDOW)
 
-    def step(self, run: Generation, gamma: int, width: int) -> list[int]:
-        if gamma == 0:
-            return plain_step(run)
+    def step(self, run: StepView, gamma: int, width: int, draft: Optional[Draft]) -> StepResult:
         # A searcher lives for one window only: between windows it holds no state (sequence 0
         # is the committed text, as after any step), so nothing is kept on the shared method.
-        search = BeamDrafter(run.target, run.cfg.sampling, run.rng, width, clock=run.clock)
-        with run.timed("verify_s"):
-            search.start(run.tokens)  # sequence 0 already holds all but the pending token
-            draft = search.propose(run.tokens, gamma, width)
-            window = [int(t) for t in draft.tokens]
-            run.stats.target_calls += len(window)  # the pending token's pass, then one per depth
-            # Sequence 0 adopts x_1..x_{gamma-1} of the best beam; x_gamma is the new pending token.
-            search.commit(len(window) - 1)
-        return window
+        search = BeamDrafter(run.target, run.sampling, run.rng, width, clock=run.clock)
+        search.start(run.tokens)  # sequence 0 already holds all but the pending token
+        found = search.propose(run.tokens, gamma, width)
+        window = [int(t) for t in found.tokens]
+        # Sequence 0 adopts x_1..x_{gamma-1} of the best beam; x_gamma is the new pending token.
+        search.commit(len(window) - 1)
+        return StepResult(window, calls=[Call(rows, seconds) for rows, seconds in found.calls])
