@@ -19,6 +19,7 @@ Floats = Union[Sequence[float], np.ndarray]  # per-depth values, as a list or an
 
 # Upper edges of the bins of the best beam's cumulative log q (the confidence model).
 CONF_EDGES = (-4.0, -2.0, -1.0, -0.5, -0.2, 0.0)
+PROBE_FIRST = 8  # plain steps before the controller's first probe (and after any drafting step)
 
 
 def _conf_bin(cum_logq: float) -> int:
@@ -46,11 +47,10 @@ class Delivered:
     of seconds, realised (the aux's catch-up left out) and forecast for the step as made. The
     cost tables and overheads are medians, so they forecast a typical step; a step's mean is what
     tokens per second pay, and near a tie between drafting and plain steps the gap decides (it
-    differs between them: a 1-row ONNX Runtime call's mean ran 12 % above its median, a 2-row
-    call's 6 %). ``factor`` scales that kind's forecast rate by forecast/realised, shrunk towards 1
-    while few steps back it. (Tokens are left to the acceptance model, which learns them
-    directly: counted here too, the prior's guesses in a request's first drafts would hold
-    drafting back long after.)"""
+    differs between the two kinds of call). ``factor`` scales that kind's forecast rate by
+    forecast/realised, within ``DELIVERED_CLAMP`` and shrunk towards 1 while few steps back it.
+    Tokens are left to the acceptance model, which learns them directly: counted here too, the
+    prior's guesses in a request's first drafts would hold drafting back long after."""
 
     decay: float = 0.97  # about the last thirty steps of its kind
     sums: list[float] = field(default_factory=lambda: [0.0] * 3)  # seconds, forecast seconds, steps
@@ -63,11 +63,13 @@ class Delivered:
         seconds, forecast, n = self.sums
         if n <= 0:
             return 1.0
-        ratio = min(max(forecast / seconds, 0.67), 1.5)
+        lo, hi = DELIVERED_CLAMP
+        ratio = min(max(forecast / seconds, lo), hi)
         return float(ratio ** (n / (n + DELIVERED_PRIOR)))
 
 
 DELIVERED_PRIOR = 5.0  # steps' worth of trust in the forecast itself
+DELIVERED_CLAMP = (0.67, 1.5)  # how far what steps delivered may move their forecast (a stall is not a regime)
 
 
 @dataclass
@@ -75,10 +77,9 @@ class Beams:
     """How many beams a draft of width w keeps alive, depth by depth: the rows of its aux calls
     after the first (the call at depth d runs the beams picked at depth d - 1). Top-k / top-p
     filtering of a peaked aux leaves fewer candidates than w, and the next call evaluates only the
-    beams picked; one flat spot re-opens them, so deeper calls run more beams (mmtad on Gemma 3
-    270M at T=1, width 4: 2.0 rows at depth 2, 2.9 at depth 7; read as one pooled count, long
-    drafts looked cheap and short ones dear, and auto drafted 7 at 0.85x fixed gamma 3).
-    Decayed counts of each row count, per width and depth."""
+    beams picked; one flat spot re-opens them, so deeper calls run more beams, and one pooled count
+    would make long drafts look cheap and short ones dear. Decayed counts of each row count, per
+    width and depth."""
 
     decay: float = 0.95
     counts: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # (width, depth) -> rows 0..w
@@ -89,12 +90,6 @@ class Beams:
             counts = self.counts.setdefault((width, depth), [0.0] * (width + 1))
             counts[:] = [c * self.decay for c in counts]
             counts[min(max(r, 1), width)] += 1.0
-
-    def shares(self, width: int, depth: int) -> Optional[dict[int, float]]:
-        """P(the call at ``depth`` evaluates r rows) at ``width``; None before any draft at it."""
-        readings = self.readings(width, depth)
-        last = readings[-1] if readings else None
-        return None if last is None else {r: p for r, p in enumerate(last) if p > 0}
 
     def readings(self, width: int, last: int) -> list[Optional[list[float]]]:
         """P(rows = r) for r = 0..w at depths 2..``last``, in one pass: a depth's own counts read
@@ -132,7 +127,7 @@ class Acceptance:
     # The probe schedule while plain steps win (Controller.plan): kept with the acceptance it
     # measures, so a chat or a server does not start probing afresh with every request.
     since_draft: int = 0
-    probe_every: int = 8
+    probe_every: int = PROBE_FIRST
     plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
     delivered: Delivered = field(default_factory=Delivered)  # drafting's time forecasts, as they fared
     plain_delivered: Delivered = field(default_factory=Delivered)  # and plain steps'
@@ -155,10 +150,9 @@ class Acceptance:
         """P(k >= j) for j = 0..d, depth by depth. What the depths before predict is the last depth-to-depth
         ratio continued (before any: ``prior``): a depth never drafted gets that prediction; a
         drafted one its own rate, shrunk towards ``prior`` or, with ``follow``, towards the
-        prediction where that is higher. (Towards ``prior`` alone, a depth drafted once where
-        98 % of drafted tokens are accepted reads 0.8: mmtad's gamma 4 then looked 4 % dearer
-        than gamma 3 on Gemma. Where plain steps are an option, that caution is kept: following
-        the prediction, sd at T=0 on SmolLM2 drafted 13 % of its steps and ran 0.87x ar.)"""
+        prediction where that is higher. Towards ``prior`` alone, a barely drafted depth reads low
+        where nearly every drafted token is kept; where plain steps are an option that caution is
+        kept, since optimism there makes drafting lose to plain steps."""
         out = [1.0]
         s, before = 1.0, 1.0  # P(k >= j - 1), P(k >= j - 2)
         for j in range(1, d + 1):

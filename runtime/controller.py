@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Optional
 
-from .acceptance import Acceptance, Delivered, Floats
+from .acceptance import PROBE_FIRST, Acceptance, Delivered, Floats
 from .costs import Costs, Pace, median
 
 __all__ = ["Acceptance", "Controller", "Costs", "Delivered", "FixedController", "Model", "Pace", "Plan"]
@@ -78,7 +78,7 @@ class Model:
     target: Costs = field(default_factory=Costs)
     aux: Costs = field(default_factory=Costs)
     # MMTAD's tree verify by rows (pending + nodes): a tree mask costs a backend more than a
-    # straight draft of as many rows (ONNX Runtime: about twice), so it keeps its own table.
+    # straight draft of as many rows, so it keeps its own table.
     tree: Costs = field(default_factory=Costs)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)  # per method and sampling settings
     overhead: float = 0.0  # seconds a plain step spends outside model calls
@@ -107,13 +107,14 @@ class Model:
         return lag * max(self.aux(2) - self.aux(1), 0.0)
 
     def observe_catchup(self, rows: int, seconds: float) -> None:
-        """A draft's first aux call fed ``rows`` committed tokens (more than the usual one or two)."""
-        if self.frozen or rows < 3 or not math.isfinite(seconds):
+        """A draft's first aux call fed ``rows`` committed tokens: a catch-up when it fed more than
+        steady drafting does (the bonus token, and the last drafted one when all were kept)."""
+        if self.frozen or rows < CATCHUP_ROWS or not math.isfinite(seconds):
             return
         # Less the one-row call it includes, once that is measured (else all of it: a bit dear).
         per = max(0.0, seconds - self.aux(1)) / (rows - 1) if 1 in self.aux.table else seconds / rows
         per /= self.pace.factor
-        self.catchup = per if self.catchup is None else self.catchup + 0.2 * (per - self.catchup)
+        self.catchup = per if self.catchup is None else self.catchup + EMA_ALPHA * (per - self.catchup)
 
     def observe_overhead(self, drafting: bool, seconds: float) -> None:
         """A step spent ``seconds`` outside its model calls."""
@@ -145,12 +146,18 @@ class Model:
 
 
 def _window(items: Sequence[float] = ()) -> deque[float]:
-    return deque(items, maxlen=31)
+    return deque(items, maxlen=OVERHEAD_WINDOW)
 
 
+OVERHEAD_WINDOW = 31  # steps whose time outside model calls sets each overhead (their median)
+CATCHUP_ROWS = 3  # a first aux call of at least this many rows fed tokens the aux skipped (steady: 1 or 2)
+EMA_ALPHA = 0.2  # the weight of a new reading in the catch-up and tree-size averages (about the last five)
+TREE_FILL_GUESS = 0.75  # an unmeasured tree's nodes as a share of gamma x width (beams share prefixes)
 PROBE_WIN = 1.25  # a probe re-arms the next one soon when its step ran this much faster than a plain step
 SWITCH_HORIZON = 8  # drafting steps over which a switch from plain steps must earn the aux's catch-up
 PROBE_BUDGET = 0.015  # and probes may lose at most this share of the time plain steps take between them
+PROBE_MAX = 64  # the longest wait between probes; each probe that loses doubles the wait up to it
+PROBE_SOON = 2  # the wait after a probe that beat a plain step clearly (PROBE_WIN)
 
 
 class Controller:
@@ -161,12 +168,12 @@ class Controller:
     ``verify_rows(g, w)`` rows and the per-step overhead; it commits 1 + sum_{d<=g} P(k >= d)
     tokens. Gamma 0 is one target row for one token. Plain and drafting steps learn their own
     overhead (time outside model calls). When gamma 0 wins it still drafts now and then, so that
-    acceptance stays measured and a change of regime is noticed: after 8 plain steps, doubling while
-    probes lose, at most every 64 (again after 2 when a probe beat a plain step clearly), and only
-    once the plain steps since the last draft have earned the probe's expected loss at
-    ``PROBE_BUDGET``. That loss counts the aux feeding the tokens it skipped (``lag``), which is
-    what a probe costs most where drafting does not pay: probes then come early in a request, or not
-    at all in a long one, and cost at most a few per cent.
+    acceptance stays measured and a change of regime is noticed: after ``PROBE_FIRST`` plain steps,
+    doubling while probes lose, at most every ``PROBE_MAX`` (again after ``PROBE_SOON`` when a probe
+    beat a plain step clearly), and only once the plain steps since the last draft have earned the
+    probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux feeding the tokens it
+    skipped (``lag``), which is what a probe costs most where drafting does not pay: probes then
+    come early in a request, or not at all in a long one, and cost at most a few per cent.
     """
 
     def __init__(
@@ -203,7 +210,7 @@ class Controller:
         for d in range(1, gamma + 1):
             last = known.get((width, d), last)
             if last is None:
-                return gamma * width * 0.75
+                return gamma * width * TREE_FILL_GUESS
             total += last
         return total
 
@@ -256,23 +263,18 @@ class Controller:
         aux = self.model.aux
         return aux(1), max(aux(2) - aux(1), 0.0)
 
-    def expected_tokens(self, gamma: int, width: int) -> float:
-        """Expected committed tokens of a step drafting gamma tokens: 1 + sum_{d<=g} P(k >= d)."""
-        return sum(self.acc.survivals(width, gamma))  # survival(w, 0) = 1
-
     def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
         (the aux in step), drafting's rate scaled by how its forecasts have fared (``Delivered``);
         ``lag``: committed tokens the aux has not seen, which a probe pays for and which drafting
-        after plain steps must earn back within ``SWITCH_HORIZON`` steps (where drafting and plain
-        steps nearly tie, switching back and forth paid the aux's catch-up each time: sd at T=0 on
-        Gemma 3 drafted 13 % of its steps and ran 0.93x ar, as slow as drafting every step)."""
+        after plain steps must earn back within ``SWITCH_HORIZON`` steps (else, where drafting and
+        plain steps nearly tie, switching back and forth pays the aux's catch-up each time)."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
         self._beam_s, self._first_aux = {}, self._first_aux_rows()  # the tables do not change while it plans
         options = []
         for w in self.widths:
             survivals = self.acc.survivals(w, gammas[-1])
-            tokens = list(accumulate(survivals))  # expected_tokens(g, w) for every g
+            tokens = list(accumulate(survivals))  # 1 + sum_{d<=g} P(k >= d): expected tokens at each g
             options += [Plan(g, w, tokens[g], max(self.step_seconds(g, w, 0, survivals), 1e-12)) for g in gammas]
         acc = self.acc
         # Each kind's forecasts against what they delivered: both compared at their mean.
@@ -295,10 +297,10 @@ class Controller:
                 probe = max(drafts, key=lambda p: p.rate)
                 loss = self.step_seconds(probe.gamma, probe.width, lag) - probe.tokens * best.seconds / plain
                 if unknown or loss <= PROBE_BUDGET * acc.plain_s:
-                    acc.since_draft, acc.probe_every = 0, min(acc.probe_every * 2, 64)
+                    acc.since_draft, acc.probe_every = 0, min(acc.probe_every * 2, PROBE_MAX)
                     best, self._probing = probe, True
         else:
-            acc.since_draft, acc.probe_every = 0, 8
+            acc.since_draft, acc.probe_every = 0, PROBE_FIRST
         best.timed = not unknown
         self._plan, self._beam_s, self._first_aux = best, None, None
         return best
@@ -348,7 +350,7 @@ class Controller:
             steady = seconds - m.catchup_s(self._lag)
             rate = (k + 1) / steady * self.acc.delivered.factor() if steady > 0 else 0.0
             if self._probing and rate > PROBE_WIN * plain_rate:
-                self.acc.probe_every = 2
+                self.acc.probe_every = PROBE_SOON
             self.acc.plain_s = 0.0
             if not m.frozen and plan.timed:
                 self.acc.delivered.add(steady, self.step_seconds(drafted, plan.width))
@@ -371,4 +373,4 @@ class Controller:
         known = self.model.nodes
         for d, n in enumerate(per_depth, start=1):
             old = known.get((width, d))
-            known[(width, d)] = n if old is None else old + 0.2 * (n - old)
+            known[(width, d)] = n if old is None else old + EMA_ALPHA * (n - old)

@@ -34,9 +34,8 @@ class OrtConfig:
     n_threads: Optional[int] = None
     provider: str = "auto"  # auto | cpu | cuda
     io_binding: Optional[bool] = None  # keep KV caches on the device; None = when the provider is CUDA
-    # Idle worker threads spin-wait for the next run: +20 % for a model alone, but in a pair the
-    # spinning steals the cores the other model needs (SmolLM2 fp32 target on 2 cores, llama.cpp
-    # Q4_0 aux: sd 34.5 tok/s with the target spinning, 55.8 without). The loader spins only
+    # Idle worker threads spin-wait for the next run: faster for a model alone, but in a pair the
+    # spinning steals the cores the other model needs (docs/backends.md). The loader spins only
     # when it loads a target alone.
     spin: bool = True
 

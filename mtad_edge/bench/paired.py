@@ -1,7 +1,7 @@
 """Adaptive against fixed settings, paired over the prompt-runs both made, with intervals.
 
-The machine's speed swings between prompts more than between variants (ar on Gemma 3 270M ran one
-prompt at 28 and 36 tok/s in two repeats on a 2-core VM), so a ratio of two variants means little
+The machine's speed swings between prompts more than between variants (the same prompt can run
+30 % faster in one repeat than in the other on a small VM), so a ratio of two variants means little
 without its interval. Every variant labelled 'METHOD g=auto' is compared with each fixed gamma of
 its method that ran ('METHOD g=N'; sd also with ar): the ratio of pooled tok/s (generated tokens
 over decoding seconds) and of perplexity, on the same prompts and seeds, with a bootstrap
