@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mtad_edge.floors import floor_for
-from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
+from mtad_edge.loader import LoadedPair, ModelOptions, open_pair, runnable
 from mtad_edge.logprobs import TokenLogprob, score, token_logprobs
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
@@ -166,17 +166,14 @@ class Engine:
     ) -> Engine:
         """Load ``pair`` for ``method_names`` (default: every method it can run) with room for
         ``capacity`` = (gamma, beam width) at most (default: the defaults' own)."""
-        if method_names is None:
-            method_names = [m for m in methods.names() if pair.aux is not None or not methods.get(m).needs_aux]
-        if defaults.method not in method_names:
-            method_names = [*method_names, defaults.method]
         gamma, width = capacity or _capacity(defaults)
-        engine = cls(open_pair(pair, method_names, gamma, width, options, say), defaults, (gamma, width))
-        models = engine._require_open()
+        names = runnable(pair.aux is not None) if method_names is None else method_names
+        models = open_pair(pair, [*names, defaults.method], gamma, width, options, say)
+        engine = cls(models, defaults, (gamma, width))
         if defaults.adaptive and models.aux is not None:
             from mtad_edge.calibrate import calibrated_model
 
-            tree = any(methods.get(m).tree for m in method_names)
+            tree = any(methods.get(m).tree for m in models.methods)
             engine.calibrated = calibrated_model(models, options, gamma, width, tree)
             engine.learned = engine.calibrated.copy(frozen=False)
         return engine
@@ -314,8 +311,7 @@ class Engine:
 
     def _request(self, options: dict[str, Any]) -> DecodeConfig:
         cfg = floor_for(self._require_open().pair, self._defaults.with_options(options))
-        if methods.get(cfg.method).needs_aux and self._require_open().aux is None:
-            raise OptionError(f"method {cfg.method} needs an auxiliary model; this engine has only a target", "method")
+        self._can_run(cfg.method)
         width = cfg.beam_width if isinstance(cfg.beam_width, int) else 0
         if cfg.max_gamma > self._gamma_cap or width > self._width_cap:
             param = (
@@ -325,6 +321,15 @@ class Engine:
                 f"this engine was loaded for gamma <= {self._gamma_cap} and beam_width <= {self._width_cap}", param
             )
         return cfg
+
+    def _can_run(self, method: str) -> None:
+        """OptionError unless the engine was opened for ``method``."""
+        models = self._require_open()
+        if method not in models.methods:
+            why = "needs an auxiliary model (give --aux)" if models.aux is None else "was not among them"
+            raise OptionError(
+                f"this engine was opened for {', '.join(models.methods)}: method {method} {why}", "method"
+            )
 
 
 def _capacity(cfg: DecodeConfig) -> tuple[int, int]:

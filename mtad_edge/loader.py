@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
@@ -76,12 +76,26 @@ def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spi
     )
 
 
-class LoadedPair:
-    """The two backends of a pair; a context manager that closes both."""
+def runnable(has_aux: bool) -> list[str]:
+    """The methods a pair can run: with an aux every one, else those that draft nothing."""
+    return [m for m in methods.names() if has_aux or not methods.get(m).needs_aux]
 
-    def __init__(self, target: Backend, aux: Optional[Backend], pair: Pair, vocab: Optional[VocabMap] = None):
+
+class LoadedPair:
+    """The two backends of a pair and the methods they were opened for (default: every method
+    they can run); a context manager that closes both."""
+
+    def __init__(
+        self,
+        target: Backend,
+        aux: Optional[Backend],
+        pair: Pair,
+        vocab: Optional[VocabMap] = None,
+        method_names: Optional[Sequence[str]] = None,
+    ):
         self.target, self.aux, self.pair = target, aux, pair
         self.vocab = vocab  # the map between different vocabularies (None: the same vocabulary)
+        self.methods = tuple(method_names) if method_names is not None else tuple(runnable(aux is not None))
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Messages -> prompt text with the template the manifest names (default: the model's)."""
@@ -147,17 +161,19 @@ def _cached_map(target: Backend, aux: Backend, paths: tuple[Path, Path]) -> Voca
 
 def open_pair(
     pair: Pair,
-    method_names: Iterable[str],
+    method_names: Optional[Iterable[str]],
     gamma: int,
     width: int,
     opts: ModelOptions = ModelOptions(),
     say: Callable[[str], None] = lambda s: None,
 ) -> LoadedPair:
-    """Load the target, and the aux when one of ``method_names`` drafts, with contexts that hold
-    ``n_ctx`` committed tokens plus what a step of any of those methods needs at ``gamma`` and
-    ``width``. Each model runs on the backend its file calls for, so mixed GGUF/ONNX pairs work."""
-    chosen = [methods.get(m) for m in method_names]
+    """Load the target, and the aux when one of ``method_names`` (None: every method the pair can
+    run) drafts, with contexts that hold ``n_ctx`` committed tokens plus what a step of any of
+    those methods needs at ``gamma`` and ``width``. Each model runs on the backend its file calls
+    for, so mixed GGUF/ONNX pairs work."""
     target_path, aux_path = pair.target, pair.aux
+    names = list(dict.fromkeys(runnable(aux_path is not None) if method_names is None else method_names))
+    chosen = [methods.get(m) for m in names]
     if target_path is None:
         raise MtadEdgeError("--aux needs --target")
     drafting = [m.name for m in chosen if m.needs_aux]
@@ -167,7 +183,7 @@ def open_pair(
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
     target = load_backend(Path(target_path), n_ctx + layout.target_cells, layout.target_seqs, opts, spin=not drafting)
     if aux_path is None or not drafting:
-        return LoadedPair(target, None, pair)
+        return LoadedPair(target, None, pair, method_names=names)
     try:
         aux = load_backend(Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, opts, spin=False)
     except BaseException:
@@ -179,4 +195,4 @@ def open_pair(
         aux.close()
         target.close()
         raise
-    return LoadedPair(target, aux, pair, vocab)
+    return LoadedPair(target, aux, pair, vocab, names)

@@ -9,7 +9,6 @@ from typing import Any, Optional
 import click
 
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
-from mtad_edge.runtime import methods
 from mtad_edge.signals import interrupts
 
 
@@ -26,8 +25,6 @@ def generate(prompt: str, model: ModelChoice, chat: bool, system: Optional[str],
     cfg = decode_config(**decode)
     if system and not chat:
         raise click.UsageError("--system needs --chat")
-    if (model.target is None) != (model.aux is None) and methods.get(cfg.method).needs_aux and not model.pair:
-        raise click.UsageError("give both --target and --aux (or --method ar with --target alone)")
     interrupts.hold()  # a signal never cuts the load, the output or the freeing of the models...
     with model.engine(cfg, [cfg.method]) as engine:
         if interrupts.code:  # ... a signal during the load ends the command once it is loaded
