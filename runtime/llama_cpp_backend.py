@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import sys
@@ -23,6 +24,10 @@ from .backend import Batch, VocabInfo
 from .errors import ModelLoadError, MtadEdgeError
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+# Weights repacked for Intel AMX crash llama.cpp's first matrix product on AMX machines (a
+# segfault in ggml_backend_amx_mul_mat, llama.cpp #20824; here: the default pair's Q4_0 aux on a
+# Sapphire-Rapids-class VM), so where the build uses AMX, models load without extra buffer types.
+AMX_FLAG = "AMX_INT8 = 1"
 
 
 def default_threads() -> int:
@@ -84,6 +89,14 @@ def quiet_llama_logs() -> None:
     _Log.install()
 
 
+@functools.cache
+def _uses_amx() -> bool:
+    """Whether this llama.cpp build runs AMX kernels on this CPU (see AMX_FLAG)."""
+    import llama_cpp
+
+    return AMX_FLAG in llama_cpp.llama_print_system_info().decode(errors="replace")
+
+
 def _check_gguf_file(path: Path) -> None:
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path}")
@@ -137,6 +150,8 @@ class LlamaCppBackend:
         _Log.recent.clear()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 2**31 - 1
+        if _uses_amx():
+            mparams.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.reason()}")
