@@ -9,16 +9,13 @@ machine and setup. Decoding keeps refining the tables from the calls it makes an
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from importlib import metadata
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
+from mtad_edge import store
 from mtad_edge.loader import LoadedPair, ModelOptions
-from mtad_edge.pairs import home
 from mtad_edge.runtime.backend import Backend, Batch
 from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.controller import Costs, Model
@@ -38,20 +35,8 @@ def _version() -> str:
 
 def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int], aux_rows: list[int]) -> str:
     parts: list[Any] = [options.backend, options.provider, options.threads or os.cpu_count(), options.n_gpu_layers]
-    parts += [*files_identity(models.pair.target, models.pair.aux), target_rows, aux_rows, _version()]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
-
-
-def files_identity(*paths: Any) -> list[list[Any]]:
-    """Each model file (or ONNX folder) as [path, size, mtime]: a rebuilt file is another model."""
-    out = []
-    for path in paths:
-        try:
-            st = Path(str(path)).stat() if path is not None else None
-        except OSError:
-            st = None
-        out.append([str(path), st.st_size if st else 0, st.st_mtime_ns if st else 0])
-    return out
+    parts += [*store.file_identity(models.pair.target, models.pair.aux), target_rows, aux_rows, _version()]
+    return store.key(parts)
 
 
 def _timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool) -> float:
@@ -100,21 +85,14 @@ def calibrated_model(models: LoadedPair, options: ModelOptions, gamma_max: int, 
     if tree:
         target_rows += sorted({width * gamma_max // 2 + 1} - set(target_rows))
     aux_rows = list(range(1, min(width, (models.aux.n_seq_max - 1) // 2) + 1)) if models.aux is not None else []
-    path = home() / "calibration" / f"{cache_key(models, options, target_rows, aux_rows)}.json"
-    tables: Optional[dict[str, dict[int, float]]] = None
+    record = store.path("calibration", cache_key(models, options, target_rows, aux_rows))
+    raw = store.read_json(record)
     try:
-        raw = json.loads(path.read_text())
-        tables = {k: {int(r): float(s) for r, s in v.items()} for k, v in raw.items()}
-    except (OSError, ValueError, AttributeError):
+        tables = {k: {int(r): float(s) for r, s in v.items()} for k, v in raw.items()} if raw is not None else None
+    except (ValueError, TypeError, AttributeError):
         tables = None
     if tables is None:
-        tables = measure(models, target_rows, aux_rows)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(tables))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache only costs the calibration next time
+        measured = tables = measure(models, target_rows, aux_rows)
+        store.remember(lambda: store.write_json(record, measured))
     target = tables.get("target")  # a tree verify starts from the same shape, scaled to its own calls
     return Model(target=Costs(seed=target), aux=Costs(seed=tables.get("aux")), tree=Costs(seed=target))

@@ -10,14 +10,11 @@ width and no gamma_min of its own then starts from it (Stats.gamma_min shows it)
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-from mtad_edge.calibrate import files_identity
-from mtad_edge.pairs import Pair, home
+from mtad_edge import store
+from mtad_edge.pairs import Pair
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.options import AUTO
@@ -37,13 +34,17 @@ def has_floor(method: str) -> bool:
 def key(pair: Pair, cfg: DecodeConfig) -> str:
     """The cache key of a floor: the model files and every option that changes the text."""
     s = cfg.sampling
-    parts: list[Any] = [*files_identity(pair.target, pair.aux), cfg.method, cfg.beam_width, cfg.tree]
+    parts: list[Any] = [*store.file_identity(pair.target, pair.aux), cfg.method, cfg.beam_width, cfg.tree]
     parts += [s.temperature, s.top_k, s.top_p, cfg.accept_threshold]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+    return store.key(parts)
+
+
+def folder() -> Path:
+    return store.home() / "floors"
 
 
 def path_for(pair: Pair, cfg: DecodeConfig) -> Path:
-    return home() / "floors" / f"{key(pair, cfg)}.json"
+    return folder() / f"{key(pair, cfg)}.json"
 
 
 def floor_for(pair: Pair, cfg: DecodeConfig) -> DecodeConfig:
@@ -55,8 +56,8 @@ def floor_for(pair: Pair, cfg: DecodeConfig) -> DecodeConfig:
     if not has_floor(cfg.method):
         return cfg
     try:
-        floor = json.loads(path_for(pair, cfg).read_text())["floor"]
-    except (OSError, ValueError, KeyError, TypeError):
+        floor = store.read_json(path_for(pair, cfg))["floor"]  # type: ignore[index]
+    except (KeyError, TypeError):
         return cfg
     if not isinstance(floor, int) or isinstance(floor, bool) or not 1 <= floor <= reference(cfg):
         return cfg  # a damaged record: the constant floor is the safe one
@@ -65,9 +66,4 @@ def floor_for(pair: Pair, cfg: DecodeConfig) -> DecodeConfig:
 
 def save(pair: Pair, cfg: DecodeConfig, record: dict[str, Any]) -> Path:
     """Write the record where ``floor_for`` finds it (atomically); returns the path."""
-    path = path_for(pair, cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**record, "target": str(pair.target), "aux": str(pair.aux)}, indent=1))
-    os.replace(tmp, path)
-    return path
+    return store.write_json(path_for(pair, cfg), {**record, "target": str(pair.target), "aux": str(pair.aux)})

@@ -3,16 +3,14 @@ the methods that will run on it (each method's ``layout`` says what a step needs
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import Any, Optional
 
-from mtad_edge.pairs import Pair, home
+from mtad_edge import store
+from mtad_edge.pairs import Pair
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Backend
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
@@ -141,21 +139,18 @@ def pair_vocabulary(
 
 
 def _cached_map(target: Backend, aux: Backend, paths: tuple[Path, Path]) -> VocabMap:
-    ident = [[str(p), *((p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (0, 0))] for p in paths]
-    key = hashlib.sha256(json.dumps([ident, target.n_vocab, aux.n_vocab]).encode()).hexdigest()[:20]
-    path = home() / "vocab" / f"{key}.npz"
+    path = store.path("vocab", store.key([store.file_identity(*paths), target.n_vocab, aux.n_vocab]), "npz")
     try:
         return VocabMap.load(str(path))
     except (OSError, ValueError, KeyError):
         pass
     vocab = map_models(target, aux)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-        vocab.save(str(tmp))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs building the map again next time
+
+    def write() -> None:
+        with store.atomic(path) as tmp:
+            vocab.save(str(tmp))
+
+    store.remember(write)
     return vocab
 
 

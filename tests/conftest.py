@@ -15,7 +15,7 @@ def no_tuned_floors(tmp_path_factory, monkeypatch):
     from mtad_edge import floors
 
     folder = tmp_path_factory.mktemp("floors-home")
-    monkeypatch.setattr(floors, "home", lambda: folder)
+    monkeypatch.setattr(floors, "folder", lambda: folder)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ def test_the_floor_is_the_shortest_gamma_whose_every_longer_one_was_shown_within
 @pytest.fixture
 def files(tmp_path, monkeypatch):
     """Two model files and a private cache dir for floors."""
-    monkeypatch.setattr(floors, "home", lambda: tmp_path / "cache")
+    monkeypatch.setattr(floors, "folder", lambda: tmp_path / "cache" / "floors")
     target, aux = tmp_path / "t.gguf", tmp_path / "a.gguf"
     target.write_bytes(b"target")
     aux.write_bytes(b"aux")
@@ -114,7 +114,7 @@ def test_tune_measures_saves_and_auto_starts_from_the_floor(smol_files, tmp_path
     the engine's 'auto' requests for the same options draft no shorter than that floor."""
     from mtad_edge import Engine
 
-    monkeypatch.setattr(floors, "home", lambda: tmp_path)
+    monkeypatch.setattr(floors, "folder", lambda: tmp_path / "floors")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Once upon a time"}\n{"prompt": "The best way to learn"}\n')
     pair = ["--target", str(smol_files.target), "--aux", str(smol_files.aux), "--ctx-size", "256"]

@@ -1,0 +1,126 @@
+"""The one cache: where mtad-edge keeps what it derives, and how it writes and trusts it.
+
+- ``home()``: $MTAD_EDGE_HOME, else the platform's cache folder;
+- keyed records (calibrations, tuned floors, vocabulary maps): a key is a hash of what the record
+  depends on (``key``; model files enter by ``file_identity``: path, size, mtime), written
+  atomically under ``home()/<kind>/<key>.<suffix>`` and read back as None when missing or damaged;
+- sha256 stamps: a file hashed once is trusted while its size and mtime stay as they were
+  (``stamp`` / ``stamped``), so a multi-GB model is not hashed at every start.
+
+A cache that cannot be written costs only the work of deriving again: readers get None, writers
+of keyed records swallow OSError (``remember``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+KEY_CHARS = 20  # hex digits of a record's key: collisions are out of reach at any cache size
+
+
+def home() -> Path:
+    """Where prepared pairs and records live: $MTAD_EDGE_HOME, else the platform's cache folder."""
+    if os.environ.get("MTAD_EDGE_HOME"):
+        return Path(os.environ["MTAD_EDGE_HOME"]).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "mtad-edge"
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "mtad-edge" / "Cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtad-edge"
+
+
+def file_identity(*paths: Any) -> list[list[Any]]:
+    """Each model file (or ONNX folder) as [path, size, mtime]: a rebuilt file is another model."""
+    out = []
+    for path in paths:
+        try:
+            st = Path(str(path)).stat() if path is not None else None
+        except OSError:
+            st = None
+        out.append([str(path), st.st_size if st else 0, st.st_mtime_ns if st else 0])
+    return out
+
+
+def key(parts: list[Any]) -> str:
+    """A record's key: the hash of everything it depends on."""
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:KEY_CHARS]
+
+
+def path(kind: str, record: str, suffix: str = "json") -> Path:
+    return home() / kind / f"{record}.{suffix}"
+
+
+@contextlib.contextmanager
+def atomic(dest: Path) -> Iterator[Path]:
+    """A temporary name beside ``dest`` to write to; renamed onto ``dest`` when the block ends
+    without an error, removed otherwise (an interrupted write never leaves a file that loads)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}{dest.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def read_json(file: Path) -> Optional[Any]:
+    """A record, or None when it is missing or damaged."""
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(file: Path, value: Any) -> Path:
+    """Write a record atomically; returns its path (OSError when the cache refuses it)."""
+    with atomic(file) as tmp:
+        tmp.write_text(json.dumps(value, indent=1))
+    return file
+
+
+def remember(write: Callable[[], Any]) -> None:
+    """Run a write into the cache; a cache that refuses it only costs deriving again next time."""
+    with contextlib.suppress(OSError):
+        write()
+
+
+def sha256_file(file: Path) -> str:
+    h = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stamp_path(file: Path) -> Path:
+    return path("stamps", key([str(file.resolve())]))
+
+
+def stamp(file: Path, digest: Optional[str] = None) -> str:
+    """Record ``file``'s sha256 (computed unless given) with its size and mtime; returns it."""
+    digest = digest or sha256_file(file)
+    st = file.stat()
+    record = [str(file.resolve()), st.st_size, st.st_mtime_ns, digest]
+    remember(lambda: write_json(_stamp_path(file), record))
+    return digest
+
+
+def stamped(file: Path) -> Optional[str]:
+    """The sha256 a stamp recorded for ``file``, if its size and mtime are still the stamp's."""
+    record = read_json(_stamp_path(file))
+    try:
+        name, size, mtime, digest = record  # type: ignore[misc]
+        st = file.stat()
+    except (OSError, TypeError, ValueError):
+        return None
+    if name != str(file.resolve()) or size != st.st_size or mtime != st.st_mtime_ns or not isinstance(digest, str):
+        return None
+    return digest
