@@ -357,3 +357,10 @@ def test_block_rule_handles_zeros_without_warnings():
                 p_rows = _rows(p, [0], draft, 4)
                 k, nxt = block_verify(p_rows, _rows(q, [0], draft, 3), draft, rng)
                 assert np.isfinite(p_rows[k, nxt]) and all(np.isfinite(p_rows[d, draft[d]]) for d in range(k))
+
+
+def test_empty_draft_samples_the_target_row():
+    rng = np.random.default_rng(0)
+    p_row = L([0.2, 0.8])[None]
+    outs = [block_verify(p_row, np.zeros((0, 2)), np.zeros(0, dtype=np.int64), rng) for _ in range(2000)]
+    assert {k for k, _ in outs} == {0} and 0.75 < np.mean([y for _, y in outs]) < 0.85
