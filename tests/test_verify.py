@@ -4,7 +4,16 @@ import numpy as np
 import pytest
 
 from helpers import chi2_critical, chi2_stat
-from mtad_edge.runtime.verify import greedy_accept_length, mtad_accept_length, speculative_verify
+from mtad_edge.runtime.sampling import sample
+from mtad_edge.runtime.verify import (
+    block_residual,
+    block_stop_prob,
+    block_verify,
+    block_weights,
+    greedy_accept_length,
+    mtad_accept_length,
+    speculative_verify,
+)
 
 L = np.log
 
@@ -91,3 +100,267 @@ def test_speculative_greedy_rejection_returns_target_argmax():
         p = np.log(np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
         q = np.log(np.array([[1.0, 0.0, 0.0]]))
     assert speculative_verify(p, q, np.array([0]), rng) == (0, 1)
+
+
+# -- block verification (Sun et al., ICLR 2025) beside the token rule -------------------------
+class TreeLM:
+    """Random conditional distributions over a small vocabulary, a fresh one per context (cached).
+
+    Each row puts Dirichlet(1) mass on a random subset of at least ``min_support`` tokens, so a
+    target and a draft built with ``min_support < v`` have zeros where the other is positive;
+    ``one_hot`` puts all mass on one token: a deterministic drafter such as an n-gram lookup."""
+
+    def __init__(self, v: int, seed: int, min_support: int | None = None, one_hot: bool = False):
+        self.v, self.seed, self.one_hot = v, seed, one_hot
+        self.min_support = v if min_support is None else min_support
+        self.rows: dict[tuple, np.ndarray] = {}
+
+    def __call__(self, ctx) -> np.ndarray:
+        ctx = tuple(int(t) for t in ctx)
+        if ctx not in self.rows:
+            rng = np.random.default_rng([self.seed, len(ctx), *ctx])
+            support = 1 if self.one_hot else int(rng.integers(self.min_support, self.v + 1))
+            self.rows[ctx] = _rand_dist(rng, self.v, support)
+        return self.rows[ctx]
+
+
+def _rows(model, ctx, draft, n):
+    return np.stack([model([*ctx, *draft[:d]]) for d in range(n)])
+
+
+def _token_rule_outcomes(p_rows, q_rows, draft):
+    """(tau, P(tau), residual) of the token rule, from its definition."""
+    gamma, alive = len(draft), 1.0
+    for d, x in enumerate(draft):
+        a = min(1.0, np.exp(p_rows[d, x] - q_rows[d, x]))
+        res = np.maximum(np.exp(p_rows[d]) - np.exp(q_rows[d]), 0)
+        yield d, alive * (1 - a), res / res.sum() if res.sum() > 0 else np.exp(p_rows[d])
+        alive *= a
+    yield gamma, alive, np.exp(p_rows[gamma])
+
+
+def _block_rule_outcomes(p_rows, q_rows, draft):
+    """(tau, P(tau), residual) of the block rule: P(tau = k) = h_k prod_{j>k} (1 - h_j)."""
+    gamma = len(draft)
+    w = block_weights(p_rows, q_rows, draft)
+    h = [block_stop_prob(p_rows, q_rows, w, i) for i in range(gamma + 1)]
+    for k in range(gamma + 1):
+        yield (
+            k,
+            h[k] * math.prod(1 - h[j] for j in range(k + 1, gamma + 1)),
+            np.exp(block_residual(p_rows, q_rows, w, k)),
+        )
+
+
+RULES = {"token": _token_rule_outcomes, "block": _block_rule_outcomes}
+
+
+def _drafts(q, ctx, gamma):
+    """Every draft of ``gamma`` tokens with its probability under q (sampled token by token)."""
+    if gamma == 0:
+        yield (), 1.0
+        return
+    for draft, pr in _drafts(q, ctx, gamma - 1):
+        probs = np.exp(q([*ctx, *draft]))
+        for x in np.flatnonzero(probs):
+            yield (*draft, int(x)), pr * probs[x]
+
+
+def _round(rule, p, q, ctx, gamma):
+    """Exact distribution of the block one draft + verify round emits, and its expected tau."""
+    out: dict[tuple, float] = {}
+    mean_tau = 0.0
+    for draft, qd in _drafts(q, ctx, gamma):
+        p_rows, q_rows = _rows(p, ctx, draft, gamma + 1), _rows(q, ctx, draft, gamma)
+        for k, pk, res in RULES[rule](p_rows, q_rows, np.array(draft)):
+            assert 0 <= pk <= 1 + 1e-12 and abs(res.sum() - 1) < 1e-12
+            mean_tau += qd * pk * k
+            if pk == 0:
+                continue
+            for y in np.flatnonzero(res):
+                key = (*draft[:k], int(y))
+                out[key] = out.get(key, 0.0) + qd * pk * res[y]
+    return out, mean_tau
+
+
+def _first_tokens(rule, p, q, ctx, gamma, m):
+    """Exact distribution of the first ``m`` emitted tokens (more rounds when one emits fewer);
+    rule None: the target alone."""
+    if m == 0:
+        return {(): 1.0}
+    if rule is None:
+        step = {(int(y),): pr for y, pr in enumerate(np.exp(p(ctx))) if pr > 0}
+    else:
+        step = _round(rule, p, q, ctx, gamma)[0]
+    out: dict[tuple, float] = {}
+    for block, pr in step.items():
+        block = block[:m]
+        for rest, pr2 in _first_tokens(rule, p, q, [*ctx, *block], gamma, m - len(block)).items():
+            out[block + rest] = out.get(block + rest, 0.0) + pr * pr2
+    return out
+
+
+def _pair(seed, kind, v=4):
+    """A target and a draft model: 'full' supports, 'zeros' (each has zeros where the other is
+    positive), or a 'deterministic' draft (one-hot q, as an n-gram draft)."""
+    p = TreeLM(v, seed, min_support=2 if kind == "zeros" else v)
+    q = TreeLM(v, seed + 1000, min_support=2 if kind == "zeros" else v, one_hot=kind == "deterministic")
+    return p, q
+
+
+KINDS = ["full", "zeros", "deterministic"]
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_exact_output_distribution_is_the_target(rule, kind):
+    """By enumeration of every draft and outcome: the first three emitted tokens are distributed
+    exactly as the target's (up to rounding), for gamma 1..3 and many random models."""
+    for seed in range(8):
+        p, q = _pair(seed, kind)
+        want = _first_tokens(None, p, q, [0], 0, 3)
+        for gamma in (1, 2, 3):
+            got = _first_tokens(rule, p, q, [0], gamma, 3)
+            assert set(got) <= set(want), (seed, gamma)
+            assert max(abs(got.get(k, 0.0) - pr) for k, pr in want.items()) < 1e-12, (seed, gamma)
+
+
+def _sample_first_two(verify, p, q, gamma, rng):
+    ctx, out = [0], []
+    while len(out) < 2:
+        draft = []
+        for _ in range(gamma):
+            draft.append(sample(q([*ctx, *draft]), rng))
+        draft = np.array(draft)
+        k, nxt = verify(_rows(p, ctx, draft, gamma + 1), _rows(q, ctx, draft, gamma), draft, rng)
+        block = [int(t) for t in draft[:k]] + [nxt]
+        out += block
+        ctx += block
+    return out[:2]
+
+
+@pytest.mark.parametrize("verify", [speculative_verify, block_verify])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+def test_sampled_output_follows_the_target_two_token_distribution(verify, kind, gamma):
+    """The functions themselves, sampled: the first two emitted tokens pass a chi-square test
+    (0.1 %) against the target's exact joint."""
+    p, q = _pair(10 + gamma, kind)
+    rng = np.random.default_rng(gamma)
+    want = _first_tokens(None, p, q, [0], 0, 2)
+    counts = np.zeros(16)
+    for _ in range(3000):
+        a, b = _sample_first_two(verify, p, q, gamma, rng)
+        counts[4 * a + b] += 1
+    expected = np.zeros(16)
+    for (a, b), pr in want.items():
+        expected[4 * a + b] = pr
+    stat, df = chi2_stat(counts, expected)
+    assert stat < chi2_critical(df), (stat, df)
+
+
+def test_block_rule_accepts_at_least_as_many_tokens_as_the_token_rule():
+    """Exact expected tau of both rules over one drafted block, on many random model pairs:
+    never lower for the block rule, and strictly higher on most."""
+    gains = []
+    for seed in range(60):
+        v, gamma = 3, 2 + seed % 3
+        p, q = TreeLM(v, seed, min_support=2 if seed % 2 else v), TreeLM(v, seed + 500)
+        token, block = (_round(rule, p, q, [0], gamma)[1] for rule in ("token", "block"))
+        assert block >= token - 1e-12, (seed, token, block)
+        gains.append(block - token)
+    assert sum(g > 1e-3 for g in gains) > 30 and max(gains) > 0.05, gains
+
+
+def test_block_rule_on_the_papers_example():
+    """Sun et al.'s motivating example: context-free p = (1/3, 2/3), q = (2/3, 1/3), gamma 2:
+    the token rule accepts 10/9 tokens in expectation, block verification 11/9."""
+    p_row, q_row = L([1 / 3, 2 / 3]), L([2 / 3, 1 / 3])
+    p, q = (lambda ctx: p_row), (lambda ctx: q_row)
+    assert _round("token", p, q, [0], 2)[1] == pytest.approx(10 / 9, abs=1e-12)
+    assert _round("block", p, q, [0], 2)[1] == pytest.approx(11 / 9, abs=1e-12)
+
+
+def test_block_accept_length_follows_the_stopping_probabilities():
+    """The backward draw of tau: for one draft, its histogram matches h_k prod_{j>k} (1 - h_j)."""
+    p, q = _pair(10, "full", v=5)
+    draft = np.array([0, 4, 0, 2])  # every tau from 0 to 4 has probability > 2 %
+    p_rows, q_rows = _rows(p, [0], draft, 5), _rows(q, [0], draft, 4)
+    want = np.array([pk for _, pk, _ in _block_rule_outcomes(p_rows, q_rows, draft)])
+    assert (want > 0.02).all() and want.sum() == pytest.approx(1)
+    rng = np.random.default_rng(0)
+    counts = np.bincount([block_verify(p_rows, q_rows, draft, rng)[0] for _ in range(6000)], minlength=5)
+    stat, df = chi2_stat(counts, want)
+    assert stat < chi2_critical(df), (counts / 6000, want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gamma_one_and_deterministic_drafts_make_the_block_rule_the_token_rule(kind):
+    """Per draft, the same law of (tau, next token): at gamma 1 always, and at any gamma when
+    the draft is deterministic."""
+    for seed in range(6):
+        p, q = _pair(seed, kind)
+        for gamma in (1, 2, 3) if kind == "deterministic" else (1,):
+            for draft, _ in _drafts(q, [0], gamma):
+                draft = np.array(draft)
+                p_rows, q_rows = _rows(p, [0], draft, gamma + 1), _rows(q, [0], draft, gamma)
+                for (k1, pk1, r1), (k2, pk2, r2) in zip(
+                    _token_rule_outcomes(p_rows, q_rows, draft), _block_rule_outcomes(p_rows, q_rows, draft)
+                ):
+                    assert k1 == k2 and pk1 == pytest.approx(pk2, abs=1e-12)
+                    if pk1 > 0:
+                        np.testing.assert_allclose(r1, r2, atol=1e-12)
+
+
+def test_block_rule_accepts_everything_when_p_equals_q():
+    """p == q: every weight is 1 and h_gamma = 1, so the whole block is kept (also when a
+    middle row is exactly equal, the 0/0 h), with no floating-point warning."""
+    p, _ = _pair(4, "zeros", v=6)
+    rng = np.random.default_rng(1)
+    with np.errstate(all="raise"):
+        for _ in range(200):
+            draft = []
+            for _ in range(4):
+                draft.append(sample(p([0, *draft]), rng))
+            draft = np.array(draft)
+            rows = _rows(p, [0], draft, 5)
+            k, nxt = block_verify(rows, rows[:4], draft, rng)
+            assert k == 4 and np.isfinite(rows[4, nxt])
+
+
+def test_block_rule_is_greedy_matching_at_temperature_zero():
+    """One-hot p and q: keep the drafted tokens while they equal argmax p, then argmax p."""
+    rng = np.random.default_rng(0)
+
+    def one_hot(xs):
+        with np.errstate(divide="ignore"):
+            return np.log(np.eye(5)[xs])
+
+    target = np.array([3, 1, 4, 1])
+    for draft in ([3, 1, 2], [3, 1, 4], [0, 1, 4], [3, 2, 4]):
+        k, nxt = block_verify(one_hot(target), one_hot(draft), np.array(draft), rng)
+        assert k == greedy_accept_length(draft, target) and nxt == target[k]
+
+
+def test_block_rule_handles_zeros_without_warnings():
+    """Drafted tokens of p = 0, residuals over q's zeros, a deterministic q: no NaN, no warning,
+    and the next token always has p > 0 at its depth."""
+    rng = np.random.default_rng(2)
+    for seed in range(20):
+        p, q = _pair(seed, ("zeros", "deterministic")[seed % 2], v=5)
+        with np.errstate(all="raise"):
+            for _ in range(50):
+                draft = []
+                for _ in range(3):
+                    draft.append(sample(q([0, *draft]), rng))
+                draft = np.array(draft)
+                p_rows = _rows(p, [0], draft, 4)
+                k, nxt = block_verify(p_rows, _rows(q, [0], draft, 3), draft, rng)
+                assert np.isfinite(p_rows[k, nxt]) and all(np.isfinite(p_rows[d, draft[d]]) for d in range(k))
+
+
+def test_empty_draft_samples_the_target_row():
+    rng = np.random.default_rng(0)
+    p_row = L([0.2, 0.8])[None]
+    outs = [block_verify(p_row, np.zeros((0, 2)), np.zeros(0, dtype=np.int64), rng) for _ in range(2000)]
+    assert {k for k, _ in outs} == {0} and 0.75 < np.mean([y for _, y in outs]) < 0.85

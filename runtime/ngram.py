@@ -1,0 +1,152 @@
+"""Prompt lookup: an n-gram drafter that needs no model.
+
+The draft is what followed the most recent earlier occurrence of the context's last n tokens
+(the context: the prompt plus the text so far), trying n from ``n_max`` down to ``n_min``, so
+the longest match wins. It pays off where the output copies its input (code edits, quoting,
+summaries, structured text) and costs a dictionary lookup otherwise.
+
+References (read, not copied): Hugging Face's prompt lookup (``prompt_lookup_num_tokens``;
+``PromptLookupCandidateGenerator`` tries n from ``max_matching_ngram_size`` = 2 down to 1 and
+drafts up to 10 tokens from the first match it finds); llama.cpp's ``--spec-type ngram-simple``
+(common/ngram-map.cpp: one key size n = 12, searched backwards for the last earlier
+occurrence, drafting the m = 48 tokens after it) and ``ngram-map-k`` (the same key, drafting
+only once the key has been seen ``min_hits`` times, its most frequent continuation first).
+
+A draft is a deterministic function of the context, so its q is one-hot on the drafted tokens:
+``deterministic_q`` builds the rows for sd's verify rules (runtime/verify.py), which then accept
+x_d with probability p_d(x_d) and, at a rejection, draw from p_d without x_d: lossless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+# The longest key tried. llama.cpp's lookup and n-gram cache use keys of 1..4 tokens: copied
+# text matches on its last 4 tokens at the same place a longer key would (the most recent
+# occurrence wins), while a longer key only finds fewer matches and costs one more index entry
+# per position (one entry per position and key size: 3 sizes x 100k tokens = 300k entries).
+NGRAM_MAX = 4
+# The shortest key tried. Hugging Face goes down to 1, but one token (a space, a comma, "the")
+# recurs everywhere and its last continuation is a poor guess: llama.cpp drafts from 1-grams only
+# behind occurrence statistics this drafter does not keep, and ngram-simple never goes below its
+# key size. Each rejected draft costs target rows, so a match must be at least a bigram.
+NGRAM_MIN = 2
+
+
+class NgramDrafter:
+    """Prompt-lookup drafts over a growing token list, with an incremental index.
+
+    ``propose(tokens, gamma)`` and ``match_len(tokens)`` take the whole committed list each
+    time. The index (for each n, a dict from n-gram to the start of its last occurrence that
+    has a continuation) is brought up to date by the tokens appended since the last call: O(new
+    tokens) per call, not O(context). A list that does not extend the one indexed (a new
+    request) is detected by cheap spot checks (its length, first token, middle token and the
+    last ``n_max`` tokens indexed) and the index is rebuilt; ``reset()`` forces that. A match is
+    checked against the list given before it is used, so a change the spot checks miss also
+    rebuilds when it matters, and a draft is always a true continuation of an earlier occurrence.
+    """
+
+    def __init__(self, n_min: int = NGRAM_MIN, n_max: int = NGRAM_MAX) -> None:
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self._tokens: list[int] = []  # the list indexed (a copy)
+        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self.index_ops = 0  # n-grams inserted since creation: the cost, for checks
+        self.rebuilds = 0  # times a list that does not extend the indexed one was detected
+
+    def propose(self, tokens: Sequence[int], gamma: int) -> Optional[np.ndarray]:
+        """Up to ``gamma`` token ids that followed the most recent earlier occurrence of the
+        longest matching suffix of ``tokens`` (n_max..n_min tokens); None when none matches or
+        gamma < 1. The draft stops at the end of ``tokens``: a match near the end is short."""
+        if gamma < 1:
+            return None
+        n, start = self._match(tokens)
+        if not n:
+            return None
+        stop = min(start + n + gamma, len(tokens))
+        return np.array([int(t) for t in tokens[start + n : stop]], dtype=np.int64)
+
+    def match_len(self, tokens: Sequence[int]) -> int:
+        """The n of the match ``propose`` would use (0: none): whether a free draft exists."""
+        return self._match(tokens)[0]
+
+    def reset(self) -> None:
+        """Forget the indexed list (a new request); the next call indexes its list from scratch."""
+        self._tokens = []
+        for index in self._index.values():
+            index.clear()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _match(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """(n, start of its most recent earlier occurrence) of the longest matching suffix."""
+        self._sync(tokens)
+        found = self._lookup()
+        if found is not None and not self._holds(tokens, *found):
+            # The list changed where the spot checks did not look: index it afresh.
+            self.rebuilds += 1
+            self.reset()
+            self._sync(tokens)
+            found = self._lookup()
+        return found if found is not None else (0, 0)
+
+    @staticmethod
+    def _holds(tokens: Sequence[int], n: int, start: int) -> bool:
+        """``tokens`` has its last n tokens at ``start`` too."""
+        size = len(tokens)
+        return all(int(tokens[start + j]) == int(tokens[size - n + j]) for j in range(n))
+
+    def _lookup(self) -> Optional[tuple[int, int]]:
+        toks = self._tokens
+        size = len(toks)
+        for n in range(min(self.n_max, size - 1), self.n_min - 1, -1):
+            start = self._index[n].get(tuple(toks[size - n :]))
+            if start is not None:
+                return n, start
+        return None
+
+    def _sync(self, tokens: Sequence[int]) -> None:
+        """Index ``tokens``: append what is new, or start over when it does not extend the list
+        indexed."""
+        old = len(self._tokens)
+        if not self._extends(tokens):
+            self.rebuilds += 1
+            self.reset()
+            old = 0
+        if len(tokens) > old:
+            self._tokens.extend(int(t) for t in tokens[old:])
+            self._insert(old)
+
+    def _extends(self, tokens: Sequence[int]) -> bool:
+        old = self._tokens
+        size = len(old)
+        if not size:
+            return True
+        if len(tokens) < size:
+            return False
+        spots = {0, size // 2, *range(max(size - self.n_max, 0), size)}
+        return all(int(tokens[i]) == old[i] for i in spots)
+
+    def _insert(self, old: int) -> None:
+        """Index every n-gram that gained a continuation: those ending at positions old - 1 ..
+        len - 2 (later starts overwrite earlier ones, so each key keeps its last occurrence)."""
+        toks = self._tokens
+        for end in range(max(old - 1, 0), len(toks) - 1):
+            for n, index in self._index.items():
+                start = end - n + 1
+                if start >= 0:
+                    index[tuple(toks[start : end + 1])] = start
+                    self.index_ops += 1
+
+
+def deterministic_q(tokens: np.ndarray, n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """The draft distribution of a deterministic draft (an n-gram lookup): (logq_x, q_rows),
+    log q_d(x_d) = 0 for each drafted token and rows (gamma, n_vocab) of float64 log q, 0 at the
+    drafted token and -inf elsewhere, as ``Draft`` and sd's verify rules take them."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    rows = np.full((len(tokens), n_vocab), -np.inf)
+    rows[np.arange(len(tokens)), tokens] = 0.0
+    return np.zeros(len(tokens)), rows
