@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from helpers import FakeLM, chi2_critical, chi2_stat, exact_two_token_joint
+from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.ngram import NGRAM_MAX, NGRAM_MIN, NgramDrafter, deterministic_q
-from mtad_edge.runtime.sampling import SamplingConfig, filtered_logprobs
+from mtad_edge.runtime.sampling import filtered_logprobs
 from mtad_edge.runtime.verify import block_verify, speculative_verify
 
 
