@@ -21,15 +21,15 @@ from typing import Any, Optional
 import numpy as np
 
 from mtad_edge.floors import floor_for
-from mtad_edge.loader import LoadedPair, ModelOptions, open_pair, runnable
+from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
 from mtad_edge.logprobs import TokenLogprob, score, token_logprobs
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
-from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.options import AUTO_WIDTH_MAX, check
+from mtad_edge.runtime.errors import MtadEdgeError, OptionError
+from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
 from mtad_edge.textstream import StopText, TextStream
 
 
@@ -167,7 +167,9 @@ class Engine:
         """Load ``pair`` for ``method_names`` (default: every method it can run) with room for
         ``capacity`` = (gamma, beam width) at most (default: the defaults' own)."""
         gamma, width = capacity or _capacity(defaults)
-        names = runnable(pair.aux is not None) if method_names is None else method_names
+        if defaults.drafts_with_aux and pair.aux is None:
+            raise MtadEdgeError(_no_aux(defaults.method))
+        names = methods.names() if method_names is None else method_names
         models = open_pair(pair, [*names, defaults.method], gamma, width, options, say)
         engine = cls(models, defaults, (gamma, width))
         if defaults.adaptive and models.aux is not None:
@@ -311,7 +313,7 @@ class Engine:
 
     def _request(self, options: dict[str, Any]) -> DecodeConfig:
         cfg = floor_for(self._require_open().pair, self._defaults.with_options(options))
-        self._can_run(cfg.method)
+        self._can_run(cfg)
         width = cfg.beam_width if isinstance(cfg.beam_width, int) else 0
         if cfg.max_gamma > self._gamma_cap or width > self._width_cap:
             param = (
@@ -322,14 +324,21 @@ class Engine:
             )
         return cfg
 
-    def _can_run(self, method: str) -> None:
-        """OptionError unless the engine was opened for ``method``."""
+    def _can_run(self, cfg: DecodeConfig) -> None:
+        """OptionError unless the engine was opened for the request's method and holds what drafts."""
         models = self._require_open()
-        if method not in models.methods:
-            why = "needs an auxiliary model (give --aux)" if models.aux is None else "was not among them"
-            raise OptionError(
-                f"this engine was opened for {', '.join(models.methods)}: method {method} {why}", "method"
-            )
+        if cfg.method not in models.methods:
+            opened = ", ".join(models.methods)
+            raise OptionError(f"this engine was opened for {opened}: method {cfg.method} was not among them", "method")
+        if cfg.drafts_with_aux and models.aux is None:
+            raise OptionError(_no_aux(cfg.method), "drafter" if cfg.drafter != AUTO else "method")
+
+
+def _no_aux(method: str) -> str:
+    return (
+        f"method {method} drafts with an auxiliary model and there is none: "
+        "give --aux, or draft by prompt lookup (--drafter ngram), or use --method ar"
+    )
 
 
 def _capacity(cfg: DecodeConfig) -> tuple[int, int]:

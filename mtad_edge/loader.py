@@ -74,14 +74,9 @@ def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spi
     )
 
 
-def runnable(has_aux: bool) -> list[str]:
-    """The methods a pair can run: with an aux every one, else those that draft nothing."""
-    return [m for m in methods.names() if has_aux or not methods.get(m).needs_aux]
-
-
 class LoadedPair:
-    """The two backends of a pair and the methods they were opened for (default: every method
-    they can run); a context manager that closes both."""
+    """The two backends of a pair and the methods they were opened for (default: every method);
+    a context manager that closes both."""
 
     def __init__(
         self,
@@ -93,7 +88,7 @@ class LoadedPair:
     ):
         self.target, self.aux, self.pair = target, aux, pair
         self.vocab = vocab  # the map between different vocabularies (None: the same vocabulary)
-        self.methods = tuple(method_names) if method_names is not None else tuple(runnable(aux is not None))
+        self.methods = tuple(method_names) if method_names is not None else methods.names()
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Messages -> prompt text with the template the manifest names (default: the model's)."""
@@ -162,18 +157,16 @@ def open_pair(
     opts: ModelOptions = ModelOptions(),
     say: Callable[[str], None] = lambda s: None,
 ) -> LoadedPair:
-    """Load the target, and the aux when one of ``method_names`` (None: every method the pair can
-    run) drafts, with contexts that hold ``n_ctx`` committed tokens plus what a step of any of
+    """Load the target, and the aux when the pair has one and one of ``method_names`` (None: every
+    method) drafts, with contexts that hold ``n_ctx`` committed tokens plus what a step of any of
     those methods needs at ``gamma`` and ``width``. Each model runs on the backend its file calls
     for, so mixed GGUF/ONNX pairs work."""
     target_path, aux_path = pair.target, pair.aux
-    names = list(dict.fromkeys(runnable(aux_path is not None) if method_names is None else method_names))
+    names = list(dict.fromkeys(methods.names() if method_names is None else method_names))
     chosen = [methods.get(m) for m in names]
     if target_path is None:
         raise MtadEdgeError("--aux needs --target")
     drafting = [m.name for m in chosen if m.needs_aux]
-    if drafting and aux_path is None:
-        raise MtadEdgeError(f"method {drafting[0]} needs an auxiliary model: give --aux (or use --method ar)")
     layout = reduce(lambda a, b: a.union(b), (m.layout(gamma, width) for m in chosen))
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
     target = load_backend(Path(target_path), n_ctx + layout.target_cells, layout.target_seqs, opts, spin=not drafting)

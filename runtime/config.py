@@ -20,6 +20,8 @@ DECODE_FIELDS = (
     "gamma_min",
     "beam_width",
     "tree",
+    "drafter",
+    "verify",
     "accept_threshold",
     "seed",
 )
@@ -51,6 +53,8 @@ class DecodeConfig:
     gamma_min: Optional[int] = default("gamma_min")  # None: the method's floor (or a tuned one)
     beam_width: Union[int, str] = default("beam_width")  # a width, or "auto"
     tree: str = default("tree")  # MMTAD: "final" beams' prefixes or the "full" tree of every live beam
+    drafter: str = default("drafter")  # auto | aux | ngram | ngram+aux
+    verify: str = default("verify")  # sd: "block" or "token"
     accept_threshold: float = default("accept_threshold")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: Optional[int] = default("seed")
@@ -65,6 +69,17 @@ class DecodeConfig:
                 f"beam_width 'auto' applies to methods that draft with beams (mtad, mmtad); {self.method} does not",
                 "beam_width",
             )
+
+    @property
+    def draft_sources(self) -> tuple[bool, bool]:
+        """(the aux model drafts, prompt lookup drafts) as the drafter option asks; 'auto': the aux."""
+        names = ("aux",) if self.drafter == AUTO else self.drafter.split("+")
+        return "aux" in names, "ngram" in names
+
+    @property
+    def drafts_with_aux(self) -> bool:
+        """Whether the request drafts with the aux model (a drafting method, the aux among its drafters)."""
+        return methods.get(self.method).needs_aux and self.draft_sources[0]
 
     @property
     def max_gamma(self) -> int:

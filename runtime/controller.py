@@ -183,10 +183,12 @@ class Controller:
         gammas: range,
         widths: Sequence[int],
         tree: bool,
+        free: bool = False,
     ):
         self.model, self.acc = model, model.for_key(key)
         self.acc.follow = gammas[0] >= 1  # no plain steps to lose to optimism (Acceptance.survival)
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
+        self.free = free  # drafts cost no aux call (prompt lookup): a step is its verify alone
         self._plan: Optional[Plan] = None
         self._probing = False
         self._lag = 0  # committed tokens the aux had not seen when the last plan was made
@@ -243,12 +245,10 @@ class Controller:
         if gamma == 0:
             return m.target(1) + m.overhead
         verify = m.tree if self.tree and m.tree.known else m.target
-        calls = (
-            self.first_aux_s(gamma, width, survivals)
-            + self.beam_calls_s(gamma, width)
-            + verify(self.verify_rows(gamma, width))
-        )
-        return calls + m.draft_overhead + m.catchup_s(lag)
+        seconds = verify(self.verify_rows(gamma, width)) + m.draft_overhead
+        if self.free:
+            return seconds
+        return seconds + self.first_aux_s(gamma, width, survivals) + self.beam_calls_s(gamma, width) + m.catchup_s(lag)
 
     def first_aux_s(self, gamma: int, width: int, survivals: Optional[list[float]] = None) -> float:
         """A draft's first aux call feeds the target's bonus token, and also its last drafted token

@@ -26,6 +26,7 @@ from .controller import Controller, FixedController, Model, Plan
 from .drafter import BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
 from .methods import StepResult, StepView
+from .ngram import NgramDrafter, deterministic_q
 from .options import AUTO, AUTO_WIDTH_MAX
 from .vocab import CrossVocab, VocabMap
 
@@ -56,6 +57,8 @@ class Stats:
     predicted_s: float = 0.0  # and its expected seconds
     controller_s: float = 0.0  # time spent choosing (gamma, width) and learning
     gamma_min: Optional[int] = None  # gamma 'auto': the shortest draft it could choose
+    lookup_drafted: int = 0  # of ``drafted``: the tokens prompt lookup drafted (--drafter ngram...)
+    lookup_accepted: int = 0  # and those of them the target kept
     vocab_resyncs: int = 0  # aux vocabulary differs: target tokens re-tokenised for the aux
     vocab_mapped_share: Optional[float] = None  # and the share of generated tokens the aux could draft
 
@@ -109,8 +112,9 @@ class Generation:
     laid out exactly as in a fresh context). ``model``: what the adaptive controller has learned
     about this pair (an engine shares one between requests). ``clock``: seconds, for timings.
     ``vocab``: the map when the aux speaks another vocabulary (runtime/vocab.py). ``learn``: a
-    seeded run too plans from ``model`` and teaches it (else from a frozen copy). ``aux`` must be
-    given for a method that drafts (the engine opens one where its methods need it)."""
+    seeded run too plans from ``model`` and teaches it (else from a frozen copy). A drafting method
+    drafts with ``aux`` and/or prompt lookup, as ``cfg.drafter`` says ('auto': the aux when given,
+    else lookup)."""
 
     def __init__(
         self,
@@ -128,13 +132,20 @@ class Generation:
             raise OptionError("the prompt must contain at least one token", "prompt")
         self.method = methods.get(cfg.method)
         self.target, self.cfg, self.reuse, self.clock = target, cfg, reuse, clock
-        self.aux = aux if self.method.needs_aux else None
+        use_aux, use_lookup = cfg.draft_sources if self.method.needs_aux else (False, False)
+        if cfg.drafter == AUTO and aux is None:
+            use_aux, use_lookup = False, self.method.needs_aux
+        if use_aux and aux is None:
+            raise OptionError(f"drafter {cfg.drafter} needs an aux model (or use drafter ngram)", "drafter")
+        self.aux = aux if use_aux else None
+        self.lookup = NgramDrafter() if use_lookup else None
         model = model if model is not None else Model()
         # A seeded adaptive run plans from a frozen copy (its text then depends on the seed only),
         # unless the caller wants it to learn like an unseeded one (``learn``: bench).
         self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive and not learn else model
         self.gamma_floor: Optional[int] = None  # gamma 'auto': the shortest draft allowed
         self.controller = self._controller()
+        self.lookup_controller = self._lookup_controller() if self.lookup is not None else None
         self.layout = self.method.layout(self.max_gamma, self.max_width, cfg.tree)
         if self.layout.target_seqs > target.n_seq_max:
             raise OptionError(
@@ -156,17 +167,23 @@ class Generation:
         if self.aux is not None:
             cross = CrossVocab(vocab, target, self.aux) if vocab is not None else None
             self.drafter = BeamDrafter(self.aux, cfg.sampling, self.rng, self.max_width, clock, cross)
-        self.view = StepView(target, self.tokens, cfg.sampling, cfg.accept_threshold, cfg.tree, self.rng, clock)
+        self.view = StepView(
+            target, self.tokens, cfg.sampling, cfg.accept_threshold, cfg.tree, cfg.verify, self.rng, clock
+        )
         self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
 
-    def _controller(self) -> FixedController | Controller:
-        """``--gamma N`` with a fixed width is a controller that always answers (N, w); 'auto'
-        gamma or width gets the adaptive one, choosing from the ranges the method allows."""
+    def _controller(self) -> Optional[FixedController | Controller]:
+        """The aux's: ``--gamma N`` with a fixed width is a controller that always answers (N, w);
+        'auto' gamma or width gets the adaptive one, choosing from the ranges the method allows.
+        None where no aux drafts (ar, beam's own windows on the target, prompt lookup alone)."""
         cfg, m = self.cfg, self.method
         fixed_width = 1 if not m.uses_beams else cfg.beam_width if isinstance(cfg.beam_width, int) else None
         if not m.needs_aux:  # nothing drafts, so nothing adapts: ar, or beam's own windows on the target
             self.max_gamma, self.max_width = m.fixed_plan(cfg.gamma, cfg.beam_width)
             return FixedController(self.max_gamma, self.max_width)
+        if self.aux is None:
+            self.max_gamma, self.max_width = cfg.max_gamma, 1
+            return None
         self.max_gamma = cfg.max_gamma
         self.max_width = fixed_width or self._width_capacity()
         if not cfg.adaptive:
@@ -179,9 +196,21 @@ class Generation:
             self.gamma_floor = min(floor, cfg.gamma_max)
             gammas = range(self.gamma_floor, cfg.gamma_max + 1)
         widths = [fixed_width] if fixed_width else list(range(1, self.max_width + 1))
-        s = cfg.sampling
-        key = f"{m.name} T={s.temperature} k={s.top_k} p={s.top_p} a={cfg.accept_threshold}"
-        return Controller(self.model, key, gammas, widths, tree=m.tree)
+        return Controller(self.model, self._key(), gammas, widths, tree=m.tree)
+
+    def _lookup_controller(self) -> FixedController | Controller:
+        """Prompt lookup's: a free draft of one beam, as long as the match allows; 'auto' prices
+        it by its verify alone and may take a plain step where its drafts do not pay."""
+        cfg = self.cfg
+        if not cfg.adaptive:
+            return FixedController(cfg.max_gamma, 1)
+        gammas = range(0, cfg.max_gamma + 1)
+        return Controller(self.model, self._key() + " lookup", gammas, [1], tree=self.method.tree, free=True)
+
+    def _key(self) -> str:
+        """What the acceptance a controller learns depends on: the method and its settings."""
+        s, cfg = self.cfg.sampling, self.cfg
+        return f"{self.method.name} T={s.temperature} k={s.top_k} p={s.top_p} a={cfg.accept_threshold} v={cfg.verify}"
 
     def _width_capacity(self) -> int:
         """The widest beam the loaded contexts hold ('auto' width picks up to it)."""
@@ -225,24 +254,44 @@ class Generation:
             st.other_s = st.wall_s - sum(getattr(st, f) for f in TIMED_FIELDS)
 
     def _step(self) -> list[int]:
-        """Plan (gamma, width), draft, let the method verify, commit what it kept, learn."""
+        """Plan (gamma, width) and who drafts, draft, let the method verify, commit what it kept,
+        learn."""
         st, clock = self.stats, self.clock
         t0 = clock()
-        plan = self.controller.plan(self.max_gamma, len(self.tokens) - self._synced)
-        if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
-            plan = Plan(0, plan.width)
+        plan, ctrl, found = self._plan()
         t1 = clock()
-        draft = self._draft(plan) if plan.gamma and self.drafter is not None else None
+        draft = None
+        if found is not None:
+            draft = self._lookup_draft(found[: plan.gamma])
+        elif plan.gamma and self.drafter is not None:
+            draft = self._draft(plan)
         t2 = clock()
         result = self.method.step(self.view, plan.gamma, plan.width, draft)
         t3 = clock()
-        new = self._commit(result, draft)
+        new = self._commit(result, draft, found is not None)
         t4 = clock()
-        self._learn(plan, draft, result, t4 - t0)
+        self._learn(plan, ctrl, draft, result, t4 - t0)
         st.controller_s += (t1 - t0) + (clock() - t4)
         st.draft_s += t2 - t1
         st.verify_s += t3 - t2
         return new
+
+    def _plan(self) -> tuple[Plan, Optional[FixedController | Controller], Optional[np.ndarray]]:
+        """The step's plan, the controller that made it and, when prompt lookup drafts, its draft:
+        lookup where it found a continuation and its plan (a free draft) is at least as fast as
+        the aux's (with a fixed gamma: wherever it found one), the aux otherwise."""
+        ctrl, lookup = self.controller, self.lookup_controller
+        found = self.lookup.propose(self.tokens, self.max_gamma) if self.lookup is not None else None
+        free = lookup.plan(len(found) if found is not None else 0) if lookup is not None else None
+        if free is not None and (ctrl is None or (free.gamma and not isinstance(ctrl, Controller))):
+            return free, lookup, found if free.gamma else None
+        assert ctrl is not None
+        plan = ctrl.plan(self.max_gamma, len(self.tokens) - self._synced)
+        if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
+            plan = Plan(0, plan.width)
+        if free is not None and free.gamma and free.rate >= plan.rate:
+            return free, lookup, found
+        return plan, ctrl, None
 
     def _draft(self, plan: Plan) -> Draft:
         assert self.drafter is not None
@@ -251,30 +300,48 @@ class Generation:
             self.tokens, plan.gamma, plan.width, rows=self.method.wants_q_rows, keep_going=keep_going
         )
 
-    def _commit(self, result: StepResult, draft: Optional[Draft]) -> list[int]:
+    def _lookup_draft(self, tokens: np.ndarray) -> Draft:
+        """A prompt-lookup draft: deterministic, so q is one-hot on it (log q = 0)."""
+        logq_x, rows = deterministic_q(tokens, self.target.n_vocab)
+        return Draft(tokens, logq_x, rows if self.method.wants_q_rows else None, tokens[None], logq_x[None])
+
+    def _commit(self, result: StepResult, draft: Optional[Draft], looked_up: bool) -> list[int]:
         """Keep what the step accepted: the target's sequence 0 keeps the pending token and the k
         accepted drafted tokens, the aux follows, the text grows by the step's tokens."""
         st = self.stats
         st.target_calls += len(result.calls)
         if draft is not None:
             k = result.accepted
-            assert k is not None and self.drafter is not None
+            assert k is not None
             self.target.rollback(0, len(self.tokens) + k)
-            self.drafter.commit(k, result.beam)
             st.drafted += len(draft.tokens)
             st.accepted += k
             st.accept_lengths.append(k)
+            if looked_up:
+                st.lookup_drafted += len(draft.tokens)
+                st.lookup_accepted += k
+            else:
+                assert self.drafter is not None
+                self.drafter.commit(k, result.beam)
         self.tokens.extend(result.tokens)
-        if draft is not None:
+        if draft is not None and not looked_up:
             self._synced = len(self.tokens)  # the aux has seen all but the bonus, which it feeds next
         return result.tokens
 
-    def _learn(self, plan: Plan, draft: Optional[Draft], result: StepResult, seconds: float) -> None:
-        """Teach the cost tables and the controller what the step's calls took and delivered."""
+    def _learn(
+        self,
+        plan: Plan,
+        ctrl: Optional[FixedController | Controller],
+        draft: Optional[Draft],
+        result: StepResult,
+        seconds: float,
+    ) -> None:
+        """Teach the cost tables and the controller that planned the step what its calls took and
+        what it delivered."""
         m, st = self.model, self.stats
         calls_s = 0.0
-        if draft is not None:
-            self.controller.observe_beams(plan.width, [n for n, _ in draft.calls[1:]])
+        if draft is not None and ctrl is not None:
+            ctrl.observe_beams(plan.width, [n for n, _ in draft.calls[1:]])
             for i, (rows, secs) in enumerate(draft.calls):
                 if i == 0:  # after plain steps the first call feeds the committed tokens the aux skipped
                     m.observe_catchup(rows, secs)
@@ -283,11 +350,12 @@ class Generation:
         for call in result.calls:
             (m.tree if call.tree else m.target).observe(call.rows, call.seconds)
             calls_s += call.seconds
-        if result.tree_nodes is not None:
-            self.controller.observe_tree(plan.width, result.tree_nodes)
-        k, cum = (result.accepted, draft.cum_logq) if draft is not None else (None, np.zeros(0))
-        self.controller.observe_step(plan, k, cum, seconds, calls_s)
-        drafted = len(cum)
+        if ctrl is not None:
+            if result.tree_nodes is not None:
+                ctrl.observe_tree(plan.width, result.tree_nodes)
+            k, cum = (result.accepted, draft.cum_logq) if draft is not None else (None, np.zeros(0))
+            ctrl.observe_step(plan, k, cum, seconds, calls_s)
+        drafted = len(draft.tokens) if draft is not None else 0
         st.gamma_hist[drafted] = st.gamma_hist.get(drafted, 0) + 1
         if drafted:
             st.width_hist[plan.width] = st.width_hist.get(plan.width, 0) + 1

@@ -114,6 +114,8 @@ def _is_number(v: Any, integral: bool) -> bool:
 
 
 TREES = ("final", "full")
+DRAFTERS = (AUTO, "aux", "ngram", "ngram+aux")
+VERIFY_RULES = ("block", "token")
 AUTO_WIDTH_MAX = 4  # the widest beam 'auto' width may pick when nothing larger was loaded
 GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
 WIDTH_MAX = 8  # the widest beam; MMTAD's full tree then has at most 8 x 16 nodes
@@ -182,6 +184,23 @@ OPTIONS: dict[str, Option] = {
             "MMTAD's tree: the prefixes of the final beams (final), or every beam alive at every depth, as "
             "the authors' TreeMTADStrategy_v2 (full).",
             choices=lambda: TREES,
+        ),
+        Option(
+            "drafter",
+            "choice",
+            AUTO,
+            "What drafts: the aux model (aux), prompt lookup (ngram: what followed an earlier occurrence of "
+            "the last tokens, no model), or lookup where it finds a match and the aux otherwise (ngram+aux); "
+            "auto: the aux model.",
+            choices=lambda: DRAFTERS,
+        ),
+        Option(
+            "verify",
+            "choice",
+            "block",
+            "sd: verify the draft as one block (Sun et al., ICLR 2025: accepts at least as many tokens) or "
+            "token by token (Leviathan et al.); both keep the target's distribution.",
+            choices=lambda: VERIFY_RULES,
         ),
         Option(
             "accept_threshold",

@@ -105,6 +105,24 @@ class FakeLM:
         pass
 
 
+_FAKE_AUX = object()
+
+
+def fake_engine(target=None, aux=_FAKE_AUX, **defaults):
+    """The engine over fake backends: ``target`` (default: 5 sequences, room for mmtad's 4 beams)
+    and ``aux`` (default: a different model over its vocabulary with 9 sequences; None: no aux),
+    request ``defaults`` as keyword options."""
+    from mtad_edge.engine import Engine
+    from mtad_edge.loader import LoadedPair
+    from mtad_edge.pairs import Pair
+    from mtad_edge.runtime.config import DecodeConfig
+
+    target = target or FakeLM(salt=1, n_seq_max=5)
+    if aux is _FAKE_AUX:
+        aux = FakeLM(salt=2, n_seq_max=9, vocab=target.n_vocab)
+    return Engine(LoadedPair(target, aux, Pair(None, None)), DecodeConfig(**defaults))
+
+
 def exact_two_token_joint(target, prompt, cfg) -> np.ndarray:
     """The exact distribution of the first two tokens a target alone samples after ``prompt``
     (flattened V x V), for chi-square tests of losslessness."""

@@ -61,7 +61,9 @@ def test_gamma_min_above_gamma_max_is_one_line():
 
 def test_target_without_aux_needs_ar():
     r = invoke("generate", "hi", "--target", "x.gguf")
-    assert r.exit_code == 1 and r.output.startswith("Error: method mtad needs an auxiliary model: give --aux")
+    assert r.exit_code == 1 and r.output.startswith(
+        "Error: method mtad drafts with an auxiliary model and there is none"
+    )
 
 
 def test_unknown_pair_is_a_one_line_error():

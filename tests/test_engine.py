@@ -6,10 +6,8 @@ import time
 
 import pytest
 
-from helpers import FakeLM, generate_tokens
+from helpers import FakeLM, fake_engine, generate_tokens
 from mtad_edge.engine import Engine, StopText
-from mtad_edge.loader import LoadedPair
-from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import common_prefix
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.decoding import Generation
@@ -22,12 +20,6 @@ class Utf8LM(FakeLM):
 
     def token_bytes(self, token: int) -> bytes:
         return self.TEXT[token % len(self.TEXT)].to_bytes(1, "big")
-
-
-def fake_engine(target=None, aux=None, **defaults):
-    target = target or FakeLM(salt=1, n_seq_max=5)
-    aux = aux or FakeLM(salt=2, n_seq_max=9, vocab=target.n_vocab)
-    return Engine(LoadedPair(target, aux, Pair(None, None)), DecodeConfig(**defaults))
 
 
 def test_stop_text_never_emits_part_of_a_stop_string():

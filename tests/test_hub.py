@@ -17,7 +17,7 @@ from mtad_edge.cli import cli
 from mtad_edge.runtime.errors import MtadEdgeError
 
 MB = 1 << 20
-README = Path(__file__).resolve().parents[1] / "README.md"
+MODELS_DOC = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 
 
 def blob(n: int, seed: int = 0) -> bytes:
@@ -319,7 +319,7 @@ def test_known_pairs_name_pinned_hub_files_and_what_was_verified():
             assert ref.file.endswith(".gguf") and ref.sha256 and ref.size > 100 * MB, (name, role)
             assert hub.pick_files(hub.HubRef(ref.repo, quant=ref.quant), [ref.file]) == [ref.file]
         assert m.data["verification"]["checked"] and m.data["verification"]["not_checked"]
-        assert f"| `{name}` |" in README.read_text()  # the known-pairs table says what was verified
+        assert f"| `{name}` |" in MODELS_DOC.read_text()  # the known-pairs table says what was verified
 
 
 def test_the_offline_default_path_never_imports_huggingface_hub(tmp_path):

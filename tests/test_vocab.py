@@ -73,14 +73,16 @@ def test_spellings_of_the_same_bytes_meet_the_one_the_tokenizer_writes():
     assert vm.a2t.tolist() == [2, 0] and vm.t2a.tolist() == [1, 0, 0]  # every target spelling finds the aux ","
 
 
+@pytest.mark.parametrize("verify", ["block", "token"])
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0, 0, 1.0), SamplingConfig(0.8, 4, 0.9)])
-def test_sd_across_vocabularies_is_lossless(sampling):
+def test_sd_across_vocabularies_is_lossless(sampling, verify):
     """The residual max(0, p - q) spans the target's whole vocabulary, so tokens the aux cannot
     draft ("ba", "cd") still come out as often as the target alone makes them."""
     target, aux, vm = cross_pair()
     counts = np.zeros(target.n_vocab**2)
     for seed in range(3000):
-        gen = Generation(target, aux, PROMPT, DecodeConfig("sd", 2, gamma=3, sampling=sampling, seed=seed), vocab=vm)
+        cfg = DecodeConfig("sd", 2, gamma=3, verify=verify, sampling=sampling, seed=seed)
+        gen = Generation(target, aux, PROMPT, cfg, vocab=vm)
         out = [t for b in gen for t in b]
         counts[out[0] * target.n_vocab + out[1]] += 1
     expected = exact_two_token_joint(target, PROMPT, sampling)

@@ -30,6 +30,8 @@ SHORT = {
     "top_p": "p",
     "max_tokens": "n",
     "tree": "tree",
+    "drafter": "d",
+    "verify": "v",
 }
 LONG = {v: k for k, v in SHORT.items()}
 

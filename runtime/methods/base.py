@@ -47,6 +47,7 @@ class StepView:
     sampling: Filter
     accept_threshold: float
     tree: str  # MMTAD: "final" or "full"
+    verify: str  # sd: "block" or "token"
     rng: np.random.Generator
     clock: Callable[[], float]
 

@@ -1,11 +1,12 @@
-"""``sd``: lossless speculative sampling (Leviathan et al. 2023) with one sampled draft."""
+"""``sd``: lossless speculative sampling with one draft, verified as a block (Sun et al., ICLR
+2025) or token by token (Leviathan et al. 2023)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from ..drafter import Draft, beam_cells, beam_slots
-from ..verify import speculative_verify
+from ..verify import block_verify, speculative_verify
 from .base import Layout, Method, StepResult, StepView, plain_step, target_logp
 
 
@@ -23,5 +24,6 @@ class SD(Method):
             return plain_step(run)
         assert draft.q_rows is not None
         p, call = target_logp(run, draft.tokens)
-        k, nxt = speculative_verify(p, draft.q_rows, draft.tokens, run.rng)
+        rule = block_verify if run.verify == "block" else speculative_verify
+        k, nxt = rule(p, draft.q_rows, draft.tokens, run.rng)
         return StepResult([*map(int, draft.tokens[:k]), nxt], k, calls=[call])

@@ -1,0 +1,104 @@
+"""Who drafts (the aux model, prompt lookup, or lookup beside the aux) and how sd verifies (as a
+block or token by token), through the whole loop on the fake backend."""
+
+import numpy as np
+import pytest
+
+from helpers import FakeLM, chi2_critical, chi2_stat, exact_two_token_joint, fake_engine, generate_tokens
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
+from mtad_edge.runtime.drafter import Draft
+from mtad_edge.runtime.errors import OptionError
+from mtad_edge.runtime.methods import StepView, get
+from mtad_edge.runtime.ngram import deterministic_q
+from mtad_edge.runtime.sampling import filtered_logprobs
+
+REPEATS = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # the last bigram recurs: lookup drafts "3 4 1 2"
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@pytest.mark.parametrize("verify", ["block", "token"])
+@pytest.mark.parametrize("drafter", ["ngram", "ngram+aux"])
+def test_sd_with_lookup_drafts_keeps_the_target_distribution(drafter, verify):
+    """A lookup draft is deterministic (q one-hot): accepted with probability p(x), corrected from
+    p without x; the first two tokens are distributed as the target alone makes them."""
+    sampling = SamplingConfig(1.0, 0, 1.0)
+    target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
+    counts, looked_up = np.zeros(target.n_vocab**2), 0
+    for seed in range(3000):
+        cfg = DecodeConfig("sd", 2, gamma=3, drafter=drafter, verify=verify, sampling=sampling, seed=seed)
+        out, st = generate_tokens(target, aux, REPEATS, cfg)
+        counts[out[0] * target.n_vocab + out[1]] += 1
+        looked_up += st.lookup_drafted
+    stat, df = chi2_stat(counts, exact_two_token_joint(target, REPEATS, sampling))
+    assert looked_up >= 3000 and stat < chi2_critical(df)
+
+
+@pytest.mark.parametrize("verify", ["block", "token"])
+def test_sd_with_aux_drafts_keeps_the_target_distribution_either_rule(verify):
+    sampling = SamplingConfig(0.8, 4, 0.9)
+    target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
+    counts = np.zeros(target.n_vocab**2)
+    for seed in range(3000):
+        out, _ = generate_tokens(
+            target, aux, [1, 2, 3], DecodeConfig("sd", 2, gamma=3, verify=verify, sampling=sampling, seed=seed)
+        )
+        counts[out[0] * target.n_vocab + out[1]] += 1
+    stat, df = chi2_stat(counts, exact_two_token_joint(target, [1, 2, 3], sampling))
+    assert stat < chi2_critical(df)
+
+
+@pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
+@pytest.mark.parametrize("drafter", ["ngram", "ngram+aux"])
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_greedy_lookup_drafting_gives_greedy_ar(method, drafter, gamma):
+    target, aux = FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9)
+    ar, _ = generate_tokens(target, None, REPEATS, DecodeConfig("ar", 60, sampling=GREEDY))
+    cfg = DecodeConfig(method, 60, gamma=gamma, drafter=drafter, sampling=GREEDY)
+    out, st = generate_tokens(target, aux if drafter != "ngram" else None, REPEATS, cfg)
+    assert out == ar
+    assert st.lookup_drafted > 0 and st.lookup_accepted <= st.lookup_drafted  # a 5-token vocabulary repeats itself
+    if drafter == "ngram":
+        assert st.drafted == st.lookup_drafted and st.accepted == st.lookup_accepted
+    else:
+        assert st.drafted > st.lookup_drafted  # where lookup found nothing, the aux drafted
+
+
+def test_lookup_alone_without_a_match_steps_plainly():
+    target = FakeLM(salt=1, n_seq_max=5, vocab=50)
+    prompt = list(range(10))  # no bigram recurs, and a sharp-ish 50-token model rarely repeats one
+    out, st = generate_tokens(target, None, prompt, DecodeConfig("sd", 3, drafter="ngram", sampling=GREEDY))
+    assert st.drafted == 0 and st.gamma_hist == {0: 3} and len(out) == 3
+
+
+def test_drafting_with_the_aux_needs_one():
+    target = FakeLM(salt=1, n_seq_max=5)
+    with pytest.raises(OptionError, match="needs an aux model"):
+        generate_tokens(target, None, REPEATS, DecodeConfig("sd", 4, drafter="aux"))
+    engine = fake_engine(FakeLM(salt=1, n_seq_max=5), None)
+    with pytest.raises(OptionError, match="--drafter ngram") as e:
+        engine.generate("abc", method="mtad")
+    assert e.value.param == "method"
+    assert engine.generate("abcabcab", method="sd", drafter="ngram", max_tokens=4, seed=1).text()
+
+
+def test_mtad_accepts_the_longest_lookup_prefix_the_target_gives_more_than_the_threshold():
+    """With a deterministic draft q = 1, so MTAD's joint test log p(x_1..x_k) - log q(x_1..x_k) >
+    log(threshold) keeps the longest prefix whose joint target probability exceeds it."""
+    sampling = SamplingConfig(1.0, 0, 1.0)
+    target = FakeLM(salt=3, sharpness=2.5)
+    tokens, draft_tokens = [1, 2, 3], np.array([0, 4, 2, 2])
+    for threshold in (0.05, 0.2, 0.5):
+        target.clear()
+        target.decode(Batch.run(tokens[:-1], 0, logits="none"))
+        view = StepView(
+            target, list(tokens), sampling, threshold, "final", "block", np.random.default_rng(0), lambda: 0.0
+        )
+        logq_x, _ = deterministic_q(draft_tokens, target.n_vocab)
+        result = get("mtad").step(view, 4, 1, Draft(draft_tokens, logq_x, None, draft_tokens[None], logq_x[None]))
+        joint, ctx = [], list(tokens)
+        for x in draft_tokens:
+            joint.append(filtered_logprobs(target.logits_for(ctx), sampling)[x])
+            ctx.append(int(x))
+        passing = [d + 1 for d, c in enumerate(np.cumsum(joint)) if c > np.log(threshold)]
+        assert result.accepted == (passing[-1] if passing else 0), threshold
