@@ -274,6 +274,11 @@ class Engine:
         return self._require_open().target.tokenize(text)
 
     @property
+    def n_params(self) -> Optional[int]:
+        """The target's parameters, where its backend says (llama.cpp does)."""
+        return getattr(self._require_open().target, "n_params", None)
+
+    @property
     def n_ctx(self) -> int:
         return self._require_open().target.n_ctx
 

@@ -47,6 +47,7 @@ class Stats:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    target_s: float = 0.0  # of draft_s + verify_s: the target's calls (a beam window's on the target too)
     other_s: float = 0.0
     wall_s: float = 0.0
     ttft_s: Optional[float] = None  # start of the run to its first committed block
@@ -310,6 +311,7 @@ class Generation:
         accepted drafted tokens, the aux follows, the text grows by the step's tokens."""
         st = self.stats
         st.target_calls += len(result.calls)
+        st.target_s += sum(call.seconds for call in result.calls)
         if draft is not None:
             k = result.accepted
             assert k is not None

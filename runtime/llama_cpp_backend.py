@@ -176,6 +176,7 @@ class LlamaCppBackend:
         self.n_batch = cparams.n_batch
         self.n_seq_max = config.n_seq_max
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_params = int(llama_cpp.llama_model_n_params(self._model))  # the model's size, for reports
         self._batch = _BatchBuffer(llama_cpp, self.n_batch, self.n_seq_max)
         self._history: dict[int, list[int]] = {}  # seq -> tokens by position, for the re-prefill fallback
         self.rollback_fallbacks = 0

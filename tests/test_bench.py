@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from helpers import FakeLM
 from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.native import llama_bench, speculative_simple
-from mtad_edge.bench.run import run_order
+from mtad_edge.bench.run import projection, run_order, time_split
 from mtad_edge.cli import cli
 from mtad_edge.logprobs import token_logprobs
 from mtad_edge.runtime.backend import Batch
@@ -388,3 +388,46 @@ def test_bench_reports_drafting_across_vocabularies(tmp_path, gemma_files, smol_
         assert res["methods"][m]["vocab_mapped_share"] == pytest.approx(want)
     assert res["methods"]["ar"]["vocab_mapped_share"] is None
     assert "Across vocabularies" in (out / "report.md").read_text()
+
+
+def test_projection_prices_every_target_call_at_ars_one_row_call():
+    methods = {
+        "ar": {"generated": 100, "decode_s": 10.0, "target_s": 8.0, "target_calls": 100, "draft_s": 0.0},
+        "mtad": {"generated": 100, "decode_s": 8.0, "target_s": 5.0, "target_calls": 30, "draft_s": 2.0},
+    }
+    proj = projection(methods)
+    # one row: 8 s / 100 calls; mtad: 8 - 5 + 30 x 0.08 = 5.4 s for its 100 tokens
+    assert proj["ar"]["tokens_per_s"] == pytest.approx(10.0) and proj["ar"]["x_ar"] == pytest.approx(1.0)
+    assert proj["mtad"]["tokens_per_s"] == pytest.approx(100 / 5.4)
+    assert proj["mtad"]["x_ar"] == pytest.approx(10 / 5.4)
+    assert projection({"mtad": methods["mtad"]}) == {}  # nothing to price a call at without ar
+    split = time_split(methods["mtad"])
+    assert split == pytest.approx({"target_ms": 50.0, "aux_ms": 20.0, "rest_ms": 10.0})
+
+
+def test_size_curve_reads_earlier_runs_by_target_size(tmp_path):
+    def run(name, params, mtad, projected, standin=None):
+        return {
+            "pair": {"name": name, "target_parameters": params, "standin": standin},
+            "ratios": {"vs_ar": {"ar": {"tokens_per_s": 1.0}, "mtad": {"tokens_per_s": mtad}}},
+            "projection": {"ar": {"x_ar": 1.0}, "mtad": {"x_ar": projected}},
+        }
+
+    runs = [run("x4", 1.9e9, 1.6, 2.5, {"factor": 4}), run("base", 1.35e8, 0.55, 2.2), run("unsized", None, 9, 9)]
+    for i, r in enumerate(runs):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "results.json").write_text(json.dumps(r))
+    out = tmp_path / "curve"
+    res = CliRunner().invoke(
+        cli, ["bench", *sum((["--curve", str(tmp_path / str(i))] for i in range(3)), []), "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    md = (out / "sizes.md").read_text()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| base") or ln.startswith("| x4")]
+    assert rows == [
+        "| base | 0.14 B | 1.00 [1.00] | 0.55 [2.20] |",
+        "| x4 (stand-in) | 1.90 B | 1.00 [1.00] | 1.60 [2.50] |",
+    ]
+    assert (out / "sizes.png").read_bytes().startswith(PNG_MAGIC)
+    bad = CliRunner().invoke(cli, ["bench", "--curve", str(tmp_path), "--out", str(out)])
+    assert bad.exit_code == 1 and "cannot read" in bad.output and "Traceback" not in bad.output

@@ -48,6 +48,9 @@ def report_markdown(results: dict) -> str:
             f"| {_fmt(a['j_per_token'], '.3f', 'n/a (no GPU)')} "
             f"| {_fmt(a['peak_rss_mb'], '.0f')} |"
         )
+    lines += _time_table(methods)
+    lines += _projection_table(results.get("projection") or {})
+    lines += _costs_table(results.get("learned_costs") or {})
     lines += _quality_tables(results)
     lines += _controller_table(methods)
     lines += _paired_table(results.get("paired") or [])
@@ -137,6 +140,56 @@ def _quality_tables(results: dict) -> list[str]:
             ppl, verdict = _fmt(a["ppl"], ".2f"), p["verdict"]
             lines.append(f"| {m} | {ppl} | {t_txt[p['ppl_range']]} | {cells[0]} | {cells[1]} | {verdict} |")
     return lines
+
+
+def _time_table(methods: dict) -> list[str]:
+    """Where each variant's decoding time went, per generated token."""
+    rows = [(m, a.get("time_ms_per_token")) for m, a in methods.items() if a.get("time_ms_per_token")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Where the time goes (ms per generated token): the target's calls, the aux's drafting, the rest "
+        "(sampling, verify rules, the loop, the controller):",
+        "",
+        "| variant | target | aux | rest | total |",
+        "|---|---|---|---|---|",
+    ]
+    for m, t in rows:
+        total = sum(v for v in t.values() if v is not None) if t["target_ms"] is not None else None
+        lines.append(f"| {m} | {_fmt(t['target_ms'])} | {_fmt(t['aux_ms'])} | {_fmt(t['rest_ms'])} | {_fmt(total)} |")
+    return lines
+
+
+def _projection_table(proj: dict) -> list[str]:
+    """The memory-bound projection (bench/run.py: projection), labelled as what it is."""
+    if not proj:
+        return []
+    lines = [
+        "",
+        "Projection, not a measurement: where a verify of k rows costs one row (a big target on a GPU), "
+        "every target call priced at ar's call in this run, the aux and the rest as measured:",
+        "",
+        "| variant | projected tok/s | x ar |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {m} | {_fmt(p['tokens_per_s'], '.1f')} | {_fmt(p['x_ar'])} |" for m, p in proj.items()]
+    return lines
+
+
+def _costs_table(costs: dict) -> list[str]:
+    """What a call cost at the end of the run, by rows (target, MMTAD's tree) or beams (aux)."""
+    tables = [(name, costs.get(key) or {}) for name, key in COST_TABLES]
+    if not any(t for _, t in tables):
+        return []
+    lines = ["", "Learned call costs (ms, by rows evaluated; the aux by beams):", ""]
+    for name, table in tables:
+        if table:
+            lines.append(f"- {name}: " + ", ".join(f"{r}: {ms:.1f}" for r, ms in table.items()))
+    return lines
+
+
+COST_TABLES = (("target", "target_ms"), ("MMTAD tree verify", "tree_target_ms"), ("aux", "aux_ms"))
 
 
 def _controller_table(methods: dict) -> list[str]:
@@ -350,3 +403,67 @@ def plot_gammas(out: Path, results: dict) -> Optional[Path]:
     fig.suptitle(f"mtad-edge bench: fixed gamma vs auto, {results['pair']['name']}")
     fig.tight_layout()
     return _save(plt, fig, out / "gammas.png")
+
+
+def size_points(runs: list[dict]) -> list[dict]:
+    """Per earlier run with a sized target: its parameters, and each variant's tok/s over ar's,
+    measured and projected (one run's ratios: both sides measured on the same machine then)."""
+    points = []
+    for r in runs:
+        params = r["pair"].get("target_parameters")
+        vs_ar = (r.get("ratios") or {}).get("vs_ar") or {}
+        if not params or not vs_ar:
+            continue
+        proj = r.get("projection") or {}
+        points.append(
+            {
+                "name": r["pair"]["name"],
+                "parameters": params,
+                "standin": r["pair"].get("standin"),
+                "x_ar": {m: v.get("tokens_per_s") for m, v in vs_ar.items()},
+                "projected_x_ar": {m: p.get("x_ar") for m, p in proj.items()},
+            }
+        )
+    return sorted(points, key=lambda p: p["parameters"])
+
+
+def size_curve_markdown(runs: list[dict]) -> str:
+    points = size_points(runs)
+    labels = list(dict.fromkeys(m for p in points for m in p["x_ar"]))
+    lines = [
+        "# Speed-up over ar by target size",
+        "",
+        "Each row is one bench run (its own ar as the baseline); stand-ins are marked: the small model's "
+        "text at a big model's cost. In brackets: the memory-bound projection (a verify of k rows costs one "
+        "row), not a measurement.",
+        "",
+        "| pair | target parameters | " + " | ".join(labels) + " |",
+        "|---|---|" + "---|" * len(labels),
+    ]
+    for p in points:
+        name = p["name"] + (" (stand-in)" if p["standin"] else "")
+        cells = [f"{_fmt(p['x_ar'].get(m))} [{_fmt(p['projected_x_ar'].get(m))}]" for m in labels]
+        lines.append(f"| {name} | {p['parameters'] / 1e9:.2f} B | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_sizes(out: Path, runs: list[dict]) -> Optional[Path]:
+    """Each variant's tok/s over ar against the target's parameters (log scale), projections dashed."""
+    plt = _pyplot()
+    points = size_points(runs)
+    if plt is None or not points:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    labels = [m for m in dict.fromkeys(m for p in points for m in p["x_ar"]) if m != "ar"]
+    xs = [p["parameters"] for p in points]
+    for i, m in enumerate(labels):
+        ax.plot(xs, [p["x_ar"].get(m) for p in points], "o-", color=f"C{i}", label=m)
+        proj = [p["projected_x_ar"].get(m) for p in points]
+        if any(v is not None for v in proj):
+            ax.plot(xs, proj, "--", color=f"C{i}", alpha=0.6, label=f"{m} (projected: flat verify)")
+    ax.axhline(1.0, color="gray", lw=1)
+    ax.set(xscale="log", xlabel="target parameters", ylabel="tok/s over ar", title="Speed-up by target size")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(plt, fig, out / "sizes.png")

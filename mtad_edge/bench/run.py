@@ -119,6 +119,7 @@ def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: Ener
         "block_efficiency": st.block_efficiency,
         "draft_s": st.draft_s,
         "verify_s": st.verify_s,
+        "target_s": st.target_s,
         "other_s": st.other_s,
         "logprob_sum": float(logp.sum()),
         "ppl": math.exp(-float(logp.mean())) if n else None,
@@ -137,7 +138,15 @@ def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: Ener
 
 # Stats of the adaptive-drafting controller (gamma/width "auto") and of drafting across
 # vocabularies (an aux with another tokenizer): passed through when present.
-CONTROLLER_KEYS = ("gamma_hist", "width_hist", "predicted_tokens_per_s", "controller_s", "gamma_min")
+CONTROLLER_KEYS = (
+    "gamma_hist",
+    "width_hist",
+    "predicted_tokens_per_s",
+    "controller_s",
+    "gamma_min",
+    "lookup_drafted",
+    "lookup_accepted",
+)
 VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 
 
@@ -228,6 +237,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             else None,
             "draft_s": _total(mine, "draft_s"),
             "verify_s": _total(mine, "verify_s"),
+            "target_s": _total(mine, "target_s"),
             "other_s": _total(mine, "other_s"),
             "accept_length_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
             "gamma_hist": _hist(mine, "gamma_hist"),
@@ -241,6 +251,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             "vocab_resyncs": sum(r.get("vocab_resyncs", 0) for r in mine) if mapped else None,
             **quality(mine),
         }
+        out[label]["time_ms_per_token"] = time_split(out[label])
     return out
 
 
@@ -258,3 +269,37 @@ def ratios(methods: dict) -> dict:
         for base in ("ar", "sd")
         if base in methods
     }
+
+
+def time_split(agg: dict[str, Any]) -> dict[str, Optional[float]]:
+    """Where a variant's decoding time went, in ms per generated token: the target's calls, the
+    aux's drafting (its calls and beam selection) and the rest (sampling, verify rules, the
+    loop, the controller: Python)."""
+    gen = agg["generated"]
+    if not gen:
+        return {"target_ms": None, "aux_ms": None, "rest_ms": None}
+    target, aux = agg["target_s"], agg["draft_s"]
+    return {
+        "target_ms": 1000 * target / gen,
+        "aux_ms": 1000 * aux / gen,
+        "rest_ms": 1000 * (agg["decode_s"] - target - aux) / gen,
+    }
+
+
+def projection(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Optional[float]]]:
+    """What each variant would reach where a verify of k rows costs what one row does (a big target
+    on a GPU, memory-bound): every target call priced at plain decoding's own call (ar's target
+    seconds per call in this run), the aux and the rest as measured here. A projection from the
+    measured acceptance, not a measurement; empty without an ar variant."""
+    ar = methods.get("ar")
+    if not ar or not ar["target_calls"]:
+        return {}
+    one_row = ar["target_s"] / ar["target_calls"]
+    out: dict[str, dict[str, Optional[float]]] = {}
+    for label, agg in methods.items():
+        seconds = agg["decode_s"] - agg["target_s"] + agg["target_calls"] * one_row
+        out[label] = {"tokens_per_s": agg["generated"] / seconds if seconds > 0 else None}
+    base = out["ar"]["tokens_per_s"]
+    for row in out.values():
+        row["x_ar"] = row["tokens_per_s"] / base if row["tokens_per_s"] and base else None
+    return out

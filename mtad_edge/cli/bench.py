@@ -4,6 +4,7 @@ a prompt set, with JSON, a Markdown report and plots."""
 from __future__ import annotations
 
 import datetime
+import json
 import platform
 import sys
 from dataclasses import replace
@@ -15,7 +16,7 @@ import click
 from mtad_edge.bench import native, report
 from mtad_edge.bench.paired import paired
 from mtad_edge.bench.quality import frontier
-from mtad_edge.bench.run import BenchConfig, aggregate, load_prompts, ratios, render, run_bench
+from mtad_edge.bench.run import BenchConfig, aggregate, load_prompts, projection, ratios, render, run_bench
 from mtad_edge.bench.variants import Variant, expand
 from mtad_edge.bench.variants import capacity as variant_capacity
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
@@ -100,6 +101,15 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     help="Folder with llama.cpp's llama-bench and llama-speculative-simple for the native column.",
 )
 @click.option("--sweep", is_flag=True, help="Also sweep MTAD's threshold, gamma and beam width; writes sweep.png.")
+@click.option(
+    "--curve",
+    "curve_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True),
+    metavar="DIR",
+    help="Instead of running: plot each method's speed-up over ar against the target's size from earlier "
+    "runs' DIR/results.json (e.g. the stand-ins x1, x2, x4, x8); writes sizes.png and sizes.md. Repeatable.",
+)
 @click.option("--sweep-thresholds", default="0.1,0.3,0.5,0.7,0.9", show_default=True)
 @click.option("--sweep-gammas", default="2,4,6", show_default=True)
 @click.option("--sweep-widths", default="1,2,4,8", show_default=True)
@@ -118,10 +128,14 @@ def bench(
     sweep_thresholds: str,
     sweep_gammas: str,
     sweep_widths: str,
+    curve_dirs: tuple[str, ...],
     **sampling: Any,
 ) -> None:
     """Measure speed, acceptance, perplexity, diversity, repetition and energy of each variant
     (methods, gamma settings, plain decoding's temperatures) on the same pair, prompts and seeds."""
+    if curve_dirs:
+        _curve(curve_dirs, Path(out_dir))
+        return
     chosen = _methods(methods)
     base = decode_config(method="mtad", **{**sampling, "seed": sampling["seed"] or 0})  # reproducible by default
     gamma_values = _option_list(gammas, "gamma", "--gammas")
@@ -158,7 +172,7 @@ def bench(
             keys = ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl", "distinct_2", "rep_4")
             sweep_rows.append({**p, **{k: agg.get(k) for k in keys}})
         rendered = [render(engine, item) for item in prompts]
-        paths, learned = engine.pair, engine.learned
+        paths, learned, n_params = engine.pair, engine.learned, engine.n_params
     agg = aggregate(rows, {v.label: v for v in variants})
     results = {
         "schema": 1,
@@ -167,6 +181,8 @@ def bench(
             "name": paths.manifest.name if paths.manifest else Path(str(paths.target)).stem,
             "target": str(paths.target),
             "aux": str(paths.aux) if paths.aux else None,
+            "target_parameters": n_params,
+            "standin": paths.manifest.data.get("standin") if paths.manifest else None,
         },
         "config": {
             "methods": list(chosen),
@@ -190,6 +206,7 @@ def bench(
         "variants": [_variant_json(v) for v in variants],
         "methods": agg,
         "ratios": ratios(agg),
+        "projection": projection(agg) or None,
         "paired": paired(rows) or None,
         "frontier": frontier(agg) or None,
         "native": _native(llama_cpp_bin, paths, rendered, base, threads) if llama_cpp_bin else None,
@@ -212,6 +229,23 @@ def bench(
         + (f", {drawn}" if drawn else " (install matplotlib, e.g. mtad-edge[bench], for the plots)"),
         err=True,
     )
+
+
+def _curve(dirs: tuple[str, ...], out: Path) -> None:
+    """Speed-up against target size from earlier runs (report.size_curve)."""
+    runs = []
+    for d in dirs:
+        path = Path(d) / "results.json"
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            raise MtadEdgeError(f"cannot read {path}: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
+    md = report.size_curve_markdown(runs)
+    (out / "sizes.md").write_text(md)
+    png = report.plot_sizes(out, runs)
+    click.echo(md)
+    click.echo(f"wrote {out / 'sizes.md'}" + (f", {png}" if png else ""), err=True)
 
 
 def _variant_json(v: Variant) -> dict[str, Any]:
