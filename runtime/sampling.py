@@ -104,6 +104,27 @@ def _nucleus(logp: np.ndarray, top_p: float) -> np.ndarray:
     return log_softmax(top_p_mask(logp, top_p)) if top_p < 1.0 else logp
 
 
+def sample_logits(logits: np.ndarray, cfg: Filter, rng: np.random.Generator) -> int:
+    """``sample(filtered_logprobs(logits, cfg), rng)`` for one row, the same token for the same
+    generator state, without building the filtered row: a plain step works on the k kept entries
+    only (the full row costs a vocabulary's worth of work twice per token)."""
+    logits = np.asarray(logits)
+    v = logits.shape[-1]
+    if cfg.greedy:
+        return int(np.argmax(logits))
+    if not 0 < cfg.top_k < v:
+        return sample(filtered_logprobs(logits, cfg), rng)
+    idx = np.argpartition(logits, v - cfg.top_k)[v - cfg.top_k :]
+    kept = _nucleus(log_softmax(logits[idx].astype(np.float64) / cfg.temperature), cfg.top_p)
+    order = np.argsort(idx)  # the kept tokens in the order sample() finds them in a full row
+    idx, kept = idx[order], kept[order]
+    finite = np.isfinite(kept)
+    if finite.sum() == 1:
+        return int(idx[finite][0])
+    probs = np.exp(kept[finite])
+    return int(idx[finite][rng.choice(int(finite.sum()), p=probs / probs.sum())])
+
+
 def sample(logp: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token from a single filtered log-prob row."""
     idx = np.flatnonzero(np.isfinite(logp))

@@ -6,6 +6,7 @@ from mtad_edge.runtime.sampling import (
     filtered_logprobs,
     log_softmax,
     sample,
+    sample_logits,
     sample_without_replacement,
     top_k_mask,
     top_p_mask,
@@ -90,3 +91,19 @@ def test_first_pick_of_gumbel_top_n_is_a_sample_from_the_weights():
 def test_invalid_sampling_config(kw):
     with pytest.raises(ValueError):
         SamplingConfig(**kw)
+
+
+@pytest.mark.parametrize(
+    "cfg", [SamplingConfig(), SamplingConfig(0.7, 40, 0.95), SamplingConfig(1.3, 5, 1.0), SamplingConfig(1.0, 0, 0.9)]
+)
+def test_sampling_from_logits_draws_what_the_filtered_row_draws(cfg):
+    """The plain step's shortcut: the same token as sample(filtered_logprobs(...)) for the same
+    generator state, draw after draw (ties included: logits rounded to a coarse grid)."""
+    data = np.random.default_rng(5)
+    for vocab in (7, 300, 49152):
+        a, b = np.random.default_rng(11), np.random.default_rng(11)
+        for _ in range(40):
+            logits = np.round(data.normal(size=vocab) * 2, 1).astype(np.float32)
+            assert sample_logits(logits, cfg, a) == sample(filtered_logprobs(logits[None], cfg)[0], b)
+    greedy = SamplingConfig(temperature=0.0)
+    assert sample_logits(np.array([0.1, 3.0, 2.0]), greedy, np.random.default_rng(0)) == 1

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backend import Backend, TokenIds, feed
 from ..drafter import Draft
-from ..sampling import Filter, filtered_logprobs, sample
+from ..sampling import Filter, filtered_logprobs, sample_logits
 
 
 @dataclass(frozen=True)
@@ -115,5 +115,7 @@ def target_logp(run: StepView, draft: TokenIds = ()) -> tuple[np.ndarray, Call]:
 def plain_step(run: StepView) -> StepResult:
     """One target call on the pending token, one sampled token (ar, and a drafting method's step
     where its controller chose gamma 0)."""
-    p, call = target_logp(run)
-    return StepResult([sample(p[-1], run.rng)], calls=[call])
+    t0 = run.clock()
+    rows = len(run.tokens) - len(run.target.held(0))
+    token = sample_logits(feed(run.target, run.tokens, logits="last")[-1], run.sampling, run.rng)
+    return StepResult([token], calls=[Call(rows, run.clock() - t0)])
