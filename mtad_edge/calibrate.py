@@ -22,6 +22,7 @@ from mtad_edge.runtime.controller import Costs, Model
 from mtad_edge.runtime.sampling import filtered_logprobs
 
 _TEXT = "The quick brown fox jumps over the lazy dog while the river runs quietly past the old mill."
+PREFIX_TOKENS = 24  # the context the calls are timed on: short, so a calibration stays well under a second
 
 
 def _version() -> str:
@@ -68,7 +69,7 @@ def measure(models: LoadedPair, target_rows: list[int], aux_rows: list[int]) -> 
         if model is None or not rows:
             continue
         model.clear()
-        prefix = model.tokenize(_TEXT)[:24]
+        prefix = model.tokenize(_TEXT)[:PREFIX_TOKENS]
         model.decode(Batch.run(prefix, 0, logits="none"))
         _timed_rows(model, prefix, 1, False)  # warm-up
         for r in rows:  # one timing each: the robust line through them shrugs off a disturbed one

@@ -25,6 +25,7 @@ from typing import Optional
 PACE_WINDOW = 7  # calls per model: a change of the machine's speed shows in the pace after four
 SHAPE_ALPHA = 0.2  # the share of its row's median difference from the others an entry takes, per call
 ROW_WINDOW = 3  # a row's last differences from the other rows, whose median moves its entry
+ONE_POINT_SLOPE = 0.1  # from one timing alone, each further row is guessed to add this share of it
 
 
 Key = tuple[str, int, int]  # (the model timed: "target" or "aux", the table, rows): an entry
@@ -174,12 +175,12 @@ def median(xs: list[float]) -> float:
 
 def _line(points: dict[int, float]) -> Optional[tuple[float, float]]:
     """Theil-Sen: the median of pairwise slopes (never negative) and the median intercept; a
-    single point gives a flat 10 %/row guess."""
+    single point gives a guess of ``ONE_POINT_SLOPE`` of it per row."""
     if not points:
         return None
     xs = sorted(points)
     if len(xs) == 1:
         y = points[xs[0]]
-        return y * (1 - 0.1 * xs[0]), 0.1 * y
+        return y * (1 - ONE_POINT_SLOPE * xs[0]), ONE_POINT_SLOPE * y
     slope = max(0.0, median([(points[b] - points[a]) / (b - a) for i, a in enumerate(xs) for b in xs[i + 1 :]]))
     return median([points[x] - slope * x for x in xs]), slope
