@@ -22,6 +22,8 @@ DECODE_FIELDS = (
     "tree",
     "drafter",
     "verify",
+    "no_repeat",
+    "repeat_penalty",
     "accept_threshold",
     "seed",
 )
@@ -55,6 +57,8 @@ class DecodeConfig:
     tree: str = default("tree")  # MMTAD: "final" beams' prefixes or the "full" tree of every live beam
     drafter: str = default("drafter")  # auto | aux | ngram | ngram+aux
     verify: str = default("verify")  # sd: "block" or "token"
+    no_repeat: int = default("no_repeat")  # beam drafts skip tokens that repeat an n-gram this long (0: off)
+    repeat_penalty: float = default("repeat_penalty")  # MTAD's bar for blocks that repeat a 4-gram (1: off)
     accept_threshold: float = default("accept_threshold")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: Optional[int] = default("seed")

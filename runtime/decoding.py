@@ -27,7 +27,8 @@ from .drafter import BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
 from .methods import StepResult, StepView
 from .ngram import NgramDrafter, deterministic_q
-from .options import AUTO, AUTO_WIDTH_MAX
+from .options import AUTO, AUTO_WIDTH_MAX, REPEAT_N
+from .repeats import Seen
 from .vocab import CrossVocab, VocabMap
 
 TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
@@ -167,9 +168,19 @@ class Generation:
         self.drafter: Optional[BeamDrafter] = None
         if self.aux is not None:
             cross = CrossVocab(vocab, target, self.aux) if vocab is not None else None
-            self.drafter = BeamDrafter(self.aux, cfg.sampling, self.rng, self.max_width, clock, cross)
+            self.drafter = BeamDrafter(self.aux, cfg.sampling, self.rng, self.max_width, clock, cross, cfg.no_repeat)
+        seen = Seen(REPEAT_N) if cfg.repeat_penalty > 1 and self.method.needs_aux else None
         self.view = StepView(
-            target, self.tokens, cfg.sampling, cfg.accept_threshold, cfg.tree, cfg.verify, self.rng, clock
+            target,
+            self.tokens,
+            cfg.sampling,
+            cfg.accept_threshold,
+            cfg.tree,
+            cfg.verify,
+            cfg.repeat_penalty,
+            self.rng,
+            clock,
+            seen,
         )
         self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
 
@@ -267,6 +278,8 @@ class Generation:
         elif plan.gamma and self.drafter is not None:
             draft = self._draft(plan)
         t2 = clock()
+        if self.view.seen is not None and draft is not None:
+            self.view.seen.sync(self.tokens)
         result = self.method.step(self.view, plan.gamma, plan.width, draft)
         t3 = clock()
         new = self._commit(result, draft, found is not None)

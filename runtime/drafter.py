@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 
 from .backend import Backend, Batch, common_prefix, feed
+from .repeats import Seen, ban
 from .sampling import Filter, RankAt1, filtered_logprobs, sample_without_replacement
 from .vocab import CrossVocab
 
@@ -84,6 +85,7 @@ class BeamDrafter:
         max_width: int,
         clock: Callable[[], float] = time.perf_counter,
         cross: Optional[CrossVocab] = None,
+        no_repeat: int = 0,
     ):
         if model.n_seq_max < beam_slots(max_width):
             raise ValueError(
@@ -100,6 +102,7 @@ class BeamDrafter:
         self._base = 0  # aux position of the last draft's first token
         self._beam_aux = np.zeros((1, 0), dtype=np.int64)  # the last draft's beams in aux tokens
         self._dead_aux = np.zeros((0, 0), dtype=np.int64)  # and the beams that died on the way
+        self.seen = Seen(no_repeat) if no_repeat else None  # the context's n-grams a draft may not repeat
 
     def start(self, tokens: list[int]) -> None:
         """A run begins on committed ``tokens``: the aux context (the same list when the vocabulary
@@ -128,10 +131,12 @@ class BeamDrafter:
         ctx = self.ctx
         base = self._base = len(ctx)  # aux position of x_1
         self._width = width
+        if self.seen is not None:
+            self.seen.sync(ctx)
         t0, pending = clock(), len(ctx) - len(model.held(0))
-        logq = self._logq(feed(model, ctx)[-1:])  # (1, V) rows of the current beams
-        seqs = [0]  # sequence of each current beam
         beam_tok = np.zeros((1, 0), dtype=np.int64)
+        logq = self._no_repeats(self._logq(feed(model, ctx)[-1:]), beam_tok)  # (1, V) rows of the current beams
+        seqs = [0]  # sequence of each current beam
         beam_logq = np.zeros((1, 0))
         beam_rows = np.zeros((1, 0, logq.shape[-1])) if rows else None
         score = np.zeros(1)
@@ -163,7 +168,7 @@ class BeamDrafter:
                 model.rollback(s, 0)
                 model.copy_seq(seqs[j], s)
                 batch.add(tok[j], base + d, (s,), True)
-            logq = self._logq(model.decode(batch))
+            logq = self._no_repeats(self._logq(model.decode(batch)), beam_tok)
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
         self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
@@ -192,6 +197,15 @@ class BeamDrafter:
         if self.cross is not None:
             path = self._beam_aux[b] if b < finals else self._dead_aux[b - finals]
             self.cross.accepted(self.ctx, path, k)
+
+    def _no_repeats(self, logq: np.ndarray, beam_tok: np.ndarray) -> np.ndarray:
+        """Each beam's row without the tokens that would repeat an n-gram of the text (no_repeat);
+        a beam left with none dies, and where every beam would, the rows stay as they were (a
+        draft needs a token)."""
+        if self.seen is None:
+            return logq
+        rows = np.stack([ban(row, self.seen.followers(self.ctx, beam)) for row, beam in zip(logq, beam_tok)])
+        return rows if np.isfinite(rows).any() else logq
 
     def _logq(self, logits: np.ndarray) -> np.ndarray:
         logq = filtered_logprobs(logits, self.score_cfg)

@@ -115,6 +115,9 @@ def _is_number(v: Any, integral: bool) -> bool:
 
 TREES = ("final", "full")
 DRAFTERS = (AUTO, "aux", "ngram", "ngram+aux")
+NO_REPEAT_MAX = 8  # longer n-grams hardly ever repeat within a context: nothing left to skip
+REPEAT_N = 4  # the n-grams repeat_penalty counts: the bench's rep-4 measures these
+REPEAT_PENALTY_MAX = 1e6  # a bar no block that repeats can clear
 VERIFY_RULES = ("block", "token")
 AUTO_WIDTH_MAX = 4  # the widest beam 'auto' width may pick when nothing larger was loaded
 GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
@@ -201,6 +204,23 @@ OPTIONS: dict[str, Option] = {
             "sd: verify the draft as one block (Sun et al., ICLR 2025: accepts at least as many tokens) or "
             "token by token (Leviathan et al.); both keep the target's distribution.",
             choices=lambda: VERIFY_RULES,
+        ),
+        Option(
+            "no_repeat",
+            "int",
+            0,
+            "Beam drafts skip a token that would repeat an n-gram of this many tokens the text already holds (0: off).",
+            lo=0,
+            hi=NO_REPEAT_MAX,
+        ),
+        Option(
+            "repeat_penalty",
+            "float",
+            1.0,
+            f"MTAD: a drafted block must clear threshold x this for each {REPEAT_N}-gram it repeats "
+            "from the text (1: off).",
+            lo=1,
+            hi=REPEAT_PENALTY_MAX,
         ),
         Option(
             "accept_threshold",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -96,20 +97,23 @@ class TreeVerifier:
             self.target.rollback(s, 0)
 
 
-def mmtad_accept(cum_logp: np.ndarray, cum_logq_best: np.ndarray, threshold: float) -> tuple[int, int]:
+def mmtad_accept(
+    cum_logp: np.ndarray, cum_logq_best: np.ndarray, threshold: float, bars: Optional[np.ndarray] = None
+) -> tuple[int, int]:
     """Tree acceptance of MMTAD (the paper's TreeMTADStrategy_v2).
 
     At depth d, beam b passes when  log p(x_{b,1..d}) - log q(x*_{1..d}) > log(threshold),
     with q taken along the best draft beam x*. The deepest depth with a passing beam wins,
     and among the beams passing there the one with the highest log p(x_{b,1..d}).
 
-    cum_logp: (n, gamma) cumulative target log-probs along each beam; cum_logq_best: (gamma,).
+    cum_logp: (n, gamma) cumulative target log-probs along each beam; cum_logq_best: (gamma,);
+    ``bars``: (n, gamma) added to log(threshold) (a higher bar where a beam repeats itself).
     Returns (k, b): k accepted tokens (0 when nothing passes) of beam b (0 when k is 0).
     """
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     with np.errstate(invalid="ignore"):
-        ok = (cum_logp - cum_logq_best[None, :]) > np.log(threshold)
+        ok = (cum_logp - cum_logq_best[None, :]) > np.log(threshold) + (0.0 if bars is None else bars)
     depths = np.flatnonzero(ok.any(axis=0))
     if not len(depths):
         return 0, 0

@@ -7,6 +7,8 @@ and ``p_d = p(. | prefix, x_<d)``, ``q_d = q(. | prefix, x_<d)``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from .sampling import sample
@@ -121,7 +123,9 @@ def block_residual(p_logp: np.ndarray, q_logp: np.ndarray, w: np.ndarray, tau: i
         return np.asarray(np.log(residual / total))
 
 
-def mtad_accept_length(logp_x: np.ndarray, logq_x: np.ndarray, threshold: float) -> int:
+def mtad_accept_length(
+    logp_x: np.ndarray, logq_x: np.ndarray, threshold: float, bars: Optional[np.ndarray] = None
+) -> int:
     """MTAD acceptance (Qin et al., ICLR 2025): the longest prefix x_1..x_k with
 
         log p(x_1..x_k) - log q(x_1..x_k) > log(threshold),
@@ -130,13 +134,15 @@ def mtad_accept_length(logp_x: np.ndarray, logq_x: np.ndarray, threshold: float)
     checked at every depth and the *deepest* passing depth wins, so a later depth may pass
     after an earlier one failed. Returns k in 0..gamma.
 
-    logp_x, logq_x: (gamma,) per-token log-probs of the drafted tokens under p and q.
+    logp_x, logq_x: (gamma,) per-token log-probs of the drafted tokens under p and q; ``bars``:
+    (gamma,) added to log(threshold) at each depth (a higher bar where the block repeats itself).
     """
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     with np.errstate(invalid="ignore"):
         joint = np.cumsum(logp_x) - np.cumsum(logq_x)
-    passing = np.flatnonzero(joint > np.log(threshold))
+    bar = np.log(threshold) + (0.0 if bars is None else bars)
+    passing = np.flatnonzero(joint > bar)
     return int(passing[-1]) + 1 if len(passing) else 0
 
 

@@ -174,7 +174,7 @@ def test_mtad_bonus_token_comes_from_target_at_position_k_plus_1(monkeypatch, fo
     follow p(. | prompt)."""
     import mtad_edge.runtime.methods.mtad as mtad
 
-    monkeypatch.setattr(mtad, "mtad_accept_length", lambda lp, lq, thr: forced_k)
+    monkeypatch.setattr(mtad, "mtad_accept_length", lambda lp, lq, thr, bars=None: forced_k)
     cfg = SamplingConfig(1.0, 2, 1.0)
     target, aux = FakeLM(salt=1, sharpness=0.5), FakeLM(salt=2, n_seq_max=9, sharpness=0.5)
     counts = np.zeros(target.n_vocab)

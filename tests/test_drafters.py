@@ -1,6 +1,8 @@
 """Who drafts (the aux model, prompt lookup, or lookup beside the aux) and how sd verifies (as a
 block or token by token), through the whole loop on the fake backend."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -92,7 +94,15 @@ def test_mtad_accepts_the_longest_lookup_prefix_the_target_gives_more_than_the_t
         target.clear()
         target.decode(Batch.run(tokens[:-1], 0, logits="none"))
         view = StepView(
-            target, list(tokens), sampling, threshold, "final", "block", np.random.default_rng(0), lambda: 0.0
+            target,
+            list(tokens),
+            sampling,
+            threshold,
+            "final",
+            "block",
+            1.0,
+            np.random.default_rng(0),
+            time.perf_counter,
         )
         logq_x, _ = deterministic_q(draft_tokens, target.n_vocab)
         result = get("mtad").step(view, 4, 1, Draft(draft_tokens, logq_x, None, draft_tokens[None], logq_x[None]))

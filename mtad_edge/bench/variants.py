@@ -32,6 +32,8 @@ SHORT = {
     "tree": "tree",
     "drafter": "d",
     "verify": "v",
+    "no_repeat": "nr",
+    "repeat_penalty": "rp",
 }
 LONG = {v: k for k, v in SHORT.items()}
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..backend import Backend, TokenIds, feed
 from ..drafter import Draft
+from ..repeats import Seen
 from ..sampling import Filter, filtered_logprobs, sample_logits
 
 
@@ -48,8 +49,22 @@ class StepView:
     accept_threshold: float
     tree: str  # MMTAD: "final" or "full"
     verify: str  # sd: "block" or "token"
+    repeat_penalty: float  # MTAD: the bar's factor per repeated n-gram (1: off)
     rng: np.random.Generator
     clock: Callable[[], float]
+    seen: Optional[Seen] = None  # the text's n-grams, where repeat_penalty asks for them
+
+
+def repeat_bars(run: StepView, paths: np.ndarray) -> Optional[np.ndarray]:
+    """MTAD's extra log bar at each depth of each path (repeat_penalty), or None when off."""
+    if run.seen is None or run.repeat_penalty <= 1:
+        return None
+    paths = np.atleast_2d(paths)
+    counts = np.zeros(paths.shape)
+    for b, path in enumerate(paths):
+        live = path[path >= 0]  # a dead end (the full tree) stops early
+        counts[b, : len(live)] = run.seen.repeats(run.tokens, live)
+    return np.asarray(np.log(run.repeat_penalty) * counts)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import numpy as np
 from ..drafter import Draft, beam_cells, beam_slots
 from ..sampling import filtered_logprobs, sample
 from ..tree import TokenTree, TreeVerifier, greedy_tree_accept, mmtad_accept
-from .base import Call, Layout, Method, StepResult, StepView, plain_step
+from .base import Call, Layout, Method, StepResult, StepView, plain_step, repeat_bars
 from .mtad import JOINT_FLOOR
 
 
@@ -41,7 +41,8 @@ class MMTAD(Method):
             k, b = greedy_tree_accept(paths, np.argmax(p, axis=-1)[rows])
         else:
             logp_x = np.where(paths >= 0, p[rows, np.maximum(paths, 0)], -np.inf)
-            k, b = mmtad_accept(np.cumsum(logp_x, axis=1), np.cumsum(draft.logq_x), run.accept_threshold)
+            bars = repeat_bars(run, paths)
+            k, b = mmtad_accept(np.cumsum(logp_x, axis=1), np.cumsum(draft.logq_x), run.accept_threshold, bars)
         nxt = sample(p[1 + tree.node_of[b, k - 1] if k else 0], run.rng)
         verifier.adopt(len(run.tokens), b, k, len(paths))
         nodes = [tree.depth.count(d) for d in range(1, paths.shape[1] + 1)]
