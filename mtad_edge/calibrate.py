@@ -14,7 +14,7 @@ import time
 from importlib import metadata
 from typing import Any
 
-from mtad_edge import store
+import mtad_edge.store as store
 from mtad_edge.loader import LoadedPair, ModelOptions
 from mtad_edge.runtime.backend import Backend, Batch
 from mtad_edge.runtime.config import SamplingConfig

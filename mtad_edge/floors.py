@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from mtad_edge import store
+import mtad_edge.store as store
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig

@@ -9,7 +9,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any, Optional
 
-from mtad_edge import store
+import mtad_edge.store as store
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Backend
