@@ -264,7 +264,11 @@ def widen(src: Path, k: int, dest: Path, say: Progress = lambda s: None, *, over
     return _write(reader, _plan(reader, src, k), src, k, dest, say)
 
 
-def _write(reader: Any, plans: list[_Plan], src: Path, k: int, dest: Path, say: Progress) -> Widened:
+def _write(
+    reader: Any, plans: list[_Plan], src: Path, k: int, dest: Path, say: Progress, stamp: bool = True
+) -> Widened:
+    """The widened file, written at ``dest`` once complete; ``stamp``: with its sha256 and the
+    project's stamp (an intermediate F16 file about to be quantized needs neither)."""
     from gguf import GGUFWriter
 
     parameters = sum(int(np.prod(p.shape)) for p in plans)
@@ -293,8 +297,12 @@ def _write(reader: Any, plans: list[_Plan], src: Path, k: int, dest: Path, say: 
                 shown = done * 10 // total
                 say(f"widened {done / 1e9:.2f} of {total / 1e9:.2f} GB")
         writer.close()
-        say(f"checksumming {dest.name}")
-        digest = _finish(tmp, dest)
+        if stamp:
+            say(f"checksumming {dest.name}")
+            digest = _finish(tmp, dest)
+        else:
+            os.replace(tmp, dest)
+            digest = ""
     finally:
         writer.close()
         _drop(tmp)
@@ -376,7 +384,8 @@ def export_standin(job: StandinExport, say: Progress = lambda s: None) -> Path:
     target_file = f"{name}-target-{ftype}.gguf"
     aux_file = aux.name if aux.name != target_file else f"aux-{aux.name}"
     with staging(job.out) as stage:
-        widened = _write(reader, plans, src, job.factor, stage / f"{name}-target-F16.gguf", say)
+        f16 = stage / f"{name}-target-F16.gguf"
+        widened = _write(reader, plans, src, job.factor, f16, say, stamp=job.outtype == "f16")
         digest, tool = widened.sha256, "mtad_edge.export.widen"
         if job.outtype == "q8_0":
             say(f"quantizing {widened.path.name} to Q8_0")
@@ -391,8 +400,8 @@ def export_standin(job: StandinExport, say: Progress = lambda s: None) -> Path:
             "schema": 1,
             "name": name,
             "description": (
-                f"stand-in: the text of {source_name} at the cost of a ~{label}-parameter model "
-                f"(widened {job.factor}x, {ftype}); not a {label} model"
+                f"stand-in: the text of {source_name}{' quantized to ' + ftype if ftype != 'F16' else ''}, "
+                f"at the cost of a ~{label}-parameter {ftype} model (widened {job.factor}x); not a {label} model"
             ),
             "architecture": "llama",
             **({"vocab_size": vocab_size} if vocab_size else {}),

@@ -106,3 +106,28 @@ def test_bad_input_raises_from_the_api(gemma_files, smol_files, tmp_path):
         widen(smol_files.target, 2, existing)
     with pytest.raises(MtadEdgeError, match="needs an aux"):
         export_standin(StandinExport(smol_files.target, 2, tmp_path / "no-aux"))
+
+
+@pytest.mark.slow
+def test_q8_0_standin_is_the_original_q8_0_widened(smol_files, tmp_path):
+    """Q8_0 blocks (32 weights along a row) lie inside one copy, so quantizing the widened model
+    quantizes the original's blocks again, scaled by 1/k: every copy holds the same numbers."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    out = tmp_path / "smol-x2-q8"
+    manifest = export_standin(StandinExport(smol_files.target, 2, out, smol_files.aux, outtype="q8_0"))
+    data = json.loads(manifest.read_text())
+    assert data["target"]["derive"]["ftype"] == "Q8_0" and "quantized to Q8_0" in data["description"]
+    files = [data["target"]["file"], data["aux"]["file"], "manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(files)  # the F16 intermediate is gone
+    widened = {t.name: t for t in GGUFReader(out / data["target"]["file"]).tensors}
+    original = {t.name: t for t in GGUFReader(smol_files.target).tensors}
+    for name in ("blk.3.attn_k.weight", "blk.3.ffn_down.weight", "output.weight"):
+        assert widened[name].tensor_type.name == "Q8_0"
+        w = dequantize(widened[name].data, widened[name].tensor_type)
+        source = original["token_embd.weight" if name == "output.weight" else name].data.astype(np.float32)
+        rows, cols = source.shape
+        copy = w[:rows, :cols]
+        assert (w == np.tile(copy, (w.shape[0] // rows, 2))).all()
+        assert np.abs(copy * 2 - source).max() <= np.abs(source).max() / 127
