@@ -1,4 +1,5 @@
-"""`mtad-edge export gguf`: HF checkpoints -> a quantized GGUF pair and its manifest."""
+"""`mtad-edge export gguf|onnx`: HF checkpoints -> a quantized pair and its manifest;
+`mtad-edge export widen`: a big-target stand-in made by widening a Llama GGUF."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ STEPS_SIBLING, STEPS_SELF = 5, 4  # tokenizer check, conversions, two quantizati
 
 @click.group()
 def export():
-    """Make an edge-ready target + aux pair from Hugging Face checkpoints."""
+    """Make an edge-ready target + aux pair from Hugging Face checkpoints, or a widened stand-in target."""
 
 
 @export.command("gguf")
@@ -113,6 +114,46 @@ def onnx(target, aux, out, quant, aux_quant, block_size, accuracy_level, name, c
         return ex.export_onnx(job, step)
 
     _export(aux, run)
+
+
+@export.command("widen")
+@click.option(
+    "--target",
+    required=True,
+    help="A Llama GGUF with F16/F32/BF16 weights, or a pair name or manifest whose target is widened.",
+)
+@click.option(
+    "--factor", required=True, type=int, help="How many times wider (2 or more): SmolLM2-135M x4 is ~1.9B parameters."
+)
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="Folder for the stand-in, its aux and manifest.json."
+)
+@click.option("--aux", help="The draft model's GGUF (default: the pair's aux; required with a GGUF --target).")
+@click.option(
+    "--outtype",
+    type=click.Choice(["f16", "q8_0"]),
+    default="f16",
+    show_default=True,
+    help="The widened target's weights (q8_0: the F16 result quantized by llama.cpp).",
+)
+@click.option("--name", help="Pair name in the manifest (default: the --out folder name).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing stand-in in --out.")
+@errors_as_click
+def widen(target, factor, out, aux, outtype, name, overwrite):
+    """A big-target stand-in: the target widened FACTOR times (same logits, FACTOR^2 times the block weights),
+    its aux beside it, manifest.json last. See docs/standins.md."""
+    try:
+        from mtad_edge.export.widen import export_standin, standin_job
+
+        def say(msg: str) -> None:
+            click.echo(msg, err=True)
+
+        job = standin_job(target, factor, Path(out), aux, say, outtype=outtype, name=name, overwrite=overwrite)
+        manifest = export_standin(job, say)
+    except ImportError as e:
+        msg = f"the export needs its extra: pip install 'mtad-edge[export]' ({e.name} missing)"
+        raise click.ClickException(msg) from None
+    click.echo(str(manifest))
 
 
 def _export(aux: str, run: Callable[[Any, Callable[[str], None]], Path]) -> None:

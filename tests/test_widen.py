@@ -1,0 +1,133 @@
+"""`mtad-edge export widen`: SmolLM2 widened 2x computes what the original computes (same logits up to
+float rounding, same greedy tokens) and loads as a pair; bad input is one line, from the CLI and the API."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("gguf")
+
+from mtad_edge.cli import cli  # noqa: E402
+from mtad_edge.export.widen import StandinExport, export_standin, widen  # noqa: E402
+from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
+from mtad_edge.runtime.backend import Batch  # noqa: E402
+from mtad_edge.runtime.errors import MtadEdgeError  # noqa: E402
+from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig  # noqa: E402
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return"]
+# llama.cpp rounds activations to F16 for F16 weights, and the widened sums run in another order:
+# SmolLM2 x2 differs from the original by ~0.02 on logits of magnitude ~30.
+ATOL = 0.1
+
+
+def all_logits(path: Path, prompt: str) -> np.ndarray:
+    with LlamaCppBackend(path, LlamaCppConfig(n_ctx=64, n_threads=2)) as b:
+        return np.array(b.decode(Batch.run(b.tokenize(prompt), 0, logits="all")))
+
+
+def metadata(path: Path) -> dict:
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+    keys = ["embedding_length", "feed_forward_length", "attention.head_count", "attention.head_count_kv"]
+    return {k: fields[f"llama.{k}"].contents() for k in [*keys, "rope.dimension_count", "block_count"]}
+
+
+@pytest.mark.slow
+def test_widened_x2_target_gives_the_original_logits(smol_files, tmp_path):
+    out = tmp_path / "smol-x2"
+    r = CliRunner().invoke(cli, ["export", "widen", "--target", "smollm2-135m", "--factor", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    manifest = Path(r.stdout.strip().splitlines()[-1])
+    assert manifest == out / "manifest.json"
+    data = json.loads(manifest.read_text())
+    assert data["standin"] == {"factor": 2, "of": smol_files.target.name, "parameters": 537_989_760}
+    assert "stand-in" in data["description"] and "not a 538M model" in data["description"]
+    pair = prepare(load_manifest(manifest))
+    assert sorted(p.name for p in out.iterdir()) == sorted([pair.target.name, pair.aux.name, "manifest.json"])
+    assert sha256_file(pair.target) == data["target"]["sha256"]
+    assert sha256_file(pair.aux) == data["aux"]["sha256"] == sha256_file(smol_files.aux)
+
+    before, after = metadata(smol_files.target), metadata(pair.target)
+    assert after == {**before, **{k: 2 * before[k] for k in list(before)[:4]}}  # head and RoPE dims unchanged
+
+    for prompt in PROMPTS:
+        a, b = all_logits(smol_files.target, prompt), all_logits(pair.target, prompt)
+        assert a.shape == b.shape and np.abs(a - b).max() < ATOL, np.abs(a - b).max()
+        assert (a.argmax(axis=1) == b.argmax(axis=1)).all()  # the greedy next token after every prefix
+
+    # The manifest loads as a pair, and the stand-in's greedy text is the original's.
+    run = ["generate", "--method", "ar", "--max-tokens", "8", "--temperature", "0", "--threads", "2", PROMPTS[0]]
+    original = CliRunner().invoke(cli, [*run, "--pair", "smollm2-135m"])
+    standin = CliRunner().invoke(cli, [*run, "--pair", str(manifest)])
+    assert original.exit_code == standin.exit_code == 0, standin.output
+    assert standin.stdout == original.stdout
+
+
+def bad_inputs(tmp_path: Path, gemma: Path, quantized: Path) -> list:
+    junk = tmp_path / "notes.txt"
+    junk.write_text("not a model\n")
+    return [  # (source, factor, destination, needle)
+        (gemma, 2, tmp_path / "g", "'gemma3' model: widen supports the llama architecture only"),
+        (junk, 2, tmp_path / "j", "is not a GGUF file"),
+        (quantized, 2, tmp_path / "q", "Q4_0"),
+        (gemma, 1, tmp_path / "k", "at least 2 (got 1)"),
+        (tmp_path / "missing.gguf", 2, tmp_path / "m", "no such file"),
+    ]
+
+
+@pytest.mark.slow  # the real Gemma and SmolLM2 files (only their headers are read)
+def test_bad_input_is_one_line_from_the_cli(gemma_files, smol_files, tmp_path):
+    for src, k, dest, needle in bad_inputs(tmp_path, gemma_files.target, smol_files.aux):
+        args = ["export", "widen", "--target", str(src), "--aux", str(smol_files.aux), "--factor", str(k)]
+        r = CliRunner().invoke(cli, [*args, "--out", str(dest)])
+        assert r.exit_code == 1, r.output
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error:") and needle in lines[0], r.stderr
+        assert "Traceback" not in r.output and not dest.exists()  # checked before anything is written
+
+
+@pytest.mark.slow
+def test_bad_input_raises_from_the_api(gemma_files, smol_files, tmp_path):
+    for src, k, dest, needle in bad_inputs(tmp_path, gemma_files.target, smol_files.aux):
+        with pytest.raises(MtadEdgeError, match="^[^\n]*$") as e:
+            widen(src, k, dest / "w.gguf")
+        assert needle in str(e.value)
+        with pytest.raises(MtadEdgeError, match="^[^\n]*$") as e:
+            export_standin(StandinExport(src, k, dest, smol_files.aux))
+        assert needle in str(e.value) and not dest.exists()
+
+    existing = tmp_path / "taken.gguf"
+    existing.write_bytes(b"")
+    with pytest.raises(MtadEdgeError, match="exists; pass --overwrite"):
+        widen(smol_files.target, 2, existing)
+    with pytest.raises(MtadEdgeError, match="needs an aux"):
+        export_standin(StandinExport(smol_files.target, 2, tmp_path / "no-aux"))
+
+
+@pytest.mark.slow
+def test_q8_0_standin_is_the_original_q8_0_widened(smol_files, tmp_path):
+    """Q8_0 blocks (32 weights along a row) lie inside one copy, so quantizing the widened model
+    quantizes the original's blocks again, scaled by 1/k: every copy holds the same numbers."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    out = tmp_path / "smol-x2-q8"
+    manifest = export_standin(StandinExport(smol_files.target, 2, out, smol_files.aux, outtype="q8_0"))
+    data = json.loads(manifest.read_text())
+    assert data["target"]["derive"]["ftype"] == "Q8_0" and "quantized to Q8_0" in data["description"]
+    files = [data["target"]["file"], data["aux"]["file"], "manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(files)  # the F16 intermediate is gone
+    widened = {t.name: t for t in GGUFReader(out / data["target"]["file"]).tensors}
+    original = {t.name: t for t in GGUFReader(smol_files.target).tensors}
+    for name in ("blk.3.attn_k.weight", "blk.3.ffn_down.weight", "output.weight"):
+        assert widened[name].tensor_type.name == "Q8_0"
+        w = dequantize(widened[name].data, widened[name].tensor_type)
+        source = original["token_embd.weight" if name == "output.weight" else name].data.astype(np.float32)
+        rows, cols = source.shape
+        copy = w[:rows, :cols]
+        assert (w == np.tile(copy, (w.shape[0] // rows, 2))).all()
+        assert np.abs(copy * 2 - source).max() <= np.abs(source).max() / 127
