@@ -431,3 +431,101 @@ def test_size_curve_reads_earlier_runs_by_target_size(tmp_path):
     assert (out / "sizes.png").read_bytes().startswith(PNG_MAGIC)
     bad = CliRunner().invoke(cli, ["bench", "--curve", str(tmp_path), "--out", str(out)])
     assert bad.exit_code == 1 and "cannot read" in bad.output and "Traceback" not in bad.output
+
+
+# -- an independent judge (bench --judge) ---------------------------------------------------------
+class MergingLM(FakeLM):
+    """A fake judge whose tokenizer adds BOS (0), reads a-z as 1..26 and merges "st" into 27, so a
+    prompt ending in "s" and an answer starting with "t" share a token across the boundary."""
+
+    def __init__(self, **kw):
+        super().__init__(vocab=28, salt=5, **kw)
+
+    def tokenize(self, text, add_special=True):
+        out, i = [0] if add_special else [], 0
+        while i < len(text):
+            if text.startswith("st", i):
+                out.append(27)
+                i += 2
+            else:
+                out.append(ord(text[i]) - ord("a") + 1)
+                i += 1
+        return out
+
+    def apply_chat_template(self, messages, template=None, add_assistant=True):
+        from mtad_edge.runtime.errors import ModelLoadError
+
+        raise ModelLoadError("no chat template")
+
+
+def _direct(lm, ids, k):
+    """The judge's log p of ids[k:] after ids[:k], one context at a time (the definition)."""
+    return sum(float(log_softmax(lm.logits_for(ids[:i]))[ids[i]]) for i in range(k, len(ids)))
+
+
+def test_judge_scores_the_answer_beyond_the_common_prefix_of_its_own_tokens():
+    from mtad_edge.bench.judge import Judge, continuation
+    from mtad_edge.pairs import Pair
+
+    lm = MergingLM()
+    context, answer = continuation(lm, "abes", "tday")
+    assert context == [0, 1, 2, 5] and answer == [27, 4, 1, 25]  # "s" + "t" merged: scored as the answer's
+    judge = Judge(lm, Pair(None, None), "fake")
+    got = judge.score("abes", "tday")
+    full = lm.tokenize("abestday")
+    assert got["judge_tokens"] == 4 and got["judge_truncated"] is False
+    assert got["judge_logprob_sum"] == pytest.approx(_direct(lm, full, 4), abs=1e-9)
+    assert got["judge_logprob_sum"] == pytest.approx(float(token_logprobs(lm, context, answer).sum()), abs=1e-12)
+    assert got["judge_ppl"] == pytest.approx(math.exp(-got["judge_logprob_sum"] / 4))
+    assert judge.score("abes", "")["judge_tokens"] == 0 and judge.score("a", "")["judge_ppl"] is None
+    short = Judge(MergingLM(n_ctx=6), Pair(None, None), "fake").score("abes", "tday")  # room for 2 of 4
+    assert short["judge_tokens"] == 2 and short["judge_truncated"] is True
+    assert short["judge_logprob_sum"] == pytest.approx(_direct(lm, full[:6], 4), abs=1e-9)
+    # A chat prompt: the judge's own template, else (as this one, which has none) the pair's text
+    assert judge.prompt_text({"prompt": "raw"}, "ignored") == "raw" and judge.chat_prompts is None
+    assert judge.prompt_text({"messages": [{"role": "user", "content": "hi"}]}, "<pair>hi") == "<pair>hi"
+    assert judge.chat_prompts == "pair"
+    templated = Judge(FakeLM(vocab=7, salt=3), Pair(None, None), "fake")
+    assert templated.prompt_text({"messages": [{"role": "user", "content": "hi"}]}, "x") == "<user>hi<assistant>"
+    assert templated.chat_prompts == "judge"
+
+
+def test_bench_runs_are_scored_by_the_judge_and_pooled_per_variant(tmp_path):
+    """run_bench with a judge on fake models: each run's judge figures equal the judge's own
+    log-probs of the run's text after the prompt; aggregate pools them; ratios and the frontier
+    at equal judge PPL follow."""
+    from helpers import fake_engine
+    from mtad_edge.bench.judge import Judge
+    from mtad_edge.bench.quality import frontier
+    from mtad_edge.bench.run import BenchConfig, aggregate, run_bench
+    from mtad_edge.bench.variants import Variant
+    from mtad_edge.pairs import Pair
+    from mtad_edge.textstream import detokenize
+
+    engine = fake_engine(max_tokens=6)
+    lm = FakeLM(vocab=11, salt=7)
+    judge = Judge(lm, Pair(None, None), "fake")
+    prompts = [{"id": "a", "prompt": "abc"}, {"id": "b", "messages": [{"role": "user", "content": "dd"}]}]
+    variants = (Variant("ar", "ar"), Variant("ar T=0.5", "ar", {"temperature": 0.5}), Variant("sd", "sd"))
+    cfg = BenchConfig(variants=variants, repeats=2, decode=engine.defaults)
+    rows = run_bench(engine, prompts, cfg, judge=judge)
+    target = engine._require_open().target
+    for r in rows:
+        item = prompts[0] if r["prompt_id"] == "a" else prompts[1]
+        prompt = item.get("prompt", "<user>dd<assistant>")  # a chat: FakeLM's own template
+        ids = lm.tokenize(prompt + detokenize(target, r["tokens"]))
+        k = len(lm.tokenize(prompt))
+        assert r["judge_tokens"] == len(ids) - k == r["generated"]  # one character per token on both sides
+        assert r["judge_logprob_sum"] == pytest.approx(_direct(lm, ids, k), abs=1e-9)
+    agg = aggregate(rows, {v.label: v for v in variants})
+    for label, a in agg.items():
+        mine = [r for r in rows if r["label"] == label]
+        want = math.exp(-sum(r["judge_logprob_sum"] for r in mine) / sum(r["judge_tokens"] for r in mine))
+        assert a["judge_ppl"] == pytest.approx(want) and a["se"]["judge_ppl"] is not None
+        assert a["judge_tokens"] == sum(r["judge_tokens"] for r in mine) and a["judge_truncated"] == 0
+    from mtad_edge.bench.run import ratios
+
+    assert ratios(agg)["vs_ar"]["sd"]["judge_ppl"] == pytest.approx(agg["sd"]["judge_ppl"] / agg["ar"]["judge_ppl"])
+    front = frontier(agg)
+    assert {p["label"] for p in front["judge"]["curve"]} == {"ar", "ar T=0.5"}
+    assert set(front["judge"]["variants"]) == {"sd"}
