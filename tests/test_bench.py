@@ -529,3 +529,42 @@ def test_bench_runs_are_scored_by_the_judge_and_pooled_per_variant(tmp_path):
     front = frontier(agg)
     assert {p["label"] for p in front["judge"]["curve"]} == {"ar", "ar T=0.5"}
     assert set(front["judge"]["variants"]) == {"sd"}
+
+
+def test_report_shows_the_judge_beside_the_target_and_what_is_within_noise(tmp_path):
+    """report.md with a judge: its PPL beside the target's, the frontier at equal judge PPL, and the
+    smallest resolvable gap; quality.png gets a row by the judge's PPL."""
+    from mtad_edge.bench.quality import frontier, resolution
+    from mtad_edge.bench.report import plot_quality, report_markdown
+
+    def agg(method, t, ppl, judge_ppl, d2, r4):
+        speed = {"tokens_per_s": 50.0, "tokens_per_s_min": 49.0, "tokens_per_s_max": 51.0, "ttft_s": 0.01}
+        rates = {"block_efficiency": 1.0, "acceptance_rate": None, "cpu_s_per_token": 0.02, "j_per_token": None}
+        figures = {"distinct_1": 0.5, "distinct_2": d2, "distinct_3": 0.9, "rep_4": r4, "mean_length": 90.0}
+        se = {"se": {"ppl": 0.05, "judge_ppl": 0.2, "distinct_2": 0.01, "rep_4": 0.01}}
+        judge = {"judge_ppl": judge_ppl, "judge_truncated": 0, "runs": 96}
+        return {"method": method, "temperature": t, "ppl": ppl, "peak_rss_mb": 300, **judge, **speed, **rates,
+                **figures, **se, "accept_length_hist": {}}  # fmt: skip
+
+    methods = {
+        "ar": agg("ar", 1.0, 3.0, 12.0, 0.85, 0.05),
+        "ar T=0.6": agg("ar", 0.6, 2.0, 9.0, 0.75, 0.13),
+        "mtad": agg("mtad", 1.0, 2.2, 11.0, 0.78, 0.10),
+    }
+    cfg = {"prompts": 24, "repeats": 4, "max_tokens": 128, "temperature": 1.0, "top_k": 10, "top_p": 0.9}
+    cfg |= {"gamma": 4, "beam_width": 4, "accept_threshold": 0.5, "threads": 2, "judge": {"name": "gemma3-270m"}}
+    results = {"pair": {"name": "fake"}, "config": cfg, "methods": methods, "frontier": frontier(methods)}
+    results["resolution"] = resolution(methods)
+    md = report_markdown(results)
+    assert "judge PPL under gemma3-270m" in md and "| variant | T | PPL | judge PPL | distinct-1 |" in md
+    assert "| mtad | 1 | 2.20 ± 0.05 | 11.00 ± 0.20 | 0.500 | 0.780 ± 0.010 |" in md
+    assert "| mtad | 2.20 | 0.68 | 0.780 (0.770, +0.010) | 0.100 (0.114, -0.014) | beyond |" in md  # target PPL
+    assert "Against plain decoding at the same judge PPL (the ar curve, judge PPL by temperature: " in md
+    assert "| mtad | 11.00 | 0.87 | 0.780 (0.817, -0.037*) | 0.100 (0.077, +0.023) | behind |" in md
+    assert "Gaps below 0.028 in distinct-2, 0.028 in rep-4, 0.14 in PPL, 0.57 in judge PPL are within noise" in md
+    assert "(96 runs each)" in md and "held" not in md  # no run was cut short by the judge's context
+    png = plot_quality(tmp_path, results)
+    assert png is not None and png.read_bytes().startswith(PNG_MAGIC)
+    import matplotlib.pyplot as plt
+
+    assert plt.imread(png).shape[0] > plt.imread(png).shape[1] * 0.6  # two rows: by the target's PPL and the judge's
