@@ -568,3 +568,44 @@ def test_report_shows_the_judge_beside_the_target_and_what_is_within_noise(tmp_p
     import matplotlib.pyplot as plt
 
     assert plt.imread(png).shape[0] > plt.imread(png).shape[1] * 0.6  # two rows: by the target's PPL and the judge's
+
+
+@pytest.mark.parametrize(
+    "judge,words",
+    [
+        ("no-such-pair", "--judge no-such-pair: unknown pair 'no-such-pair'"),
+        ("{tmp}/notes.txt", "is not a GGUF file"),
+        ("{tmp}", "a folder; the judge is a pair name or a GGUF file"),
+        ("{tmp}/missing.gguf", "no such file"),
+    ],
+)
+def test_a_bad_judge_is_a_one_line_error_before_anything_loads(tmp_path, judge, words):
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    r = CliRunner().invoke(cli, ["bench", "--judge", judge.format(tmp=tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.slow
+def test_bench_with_an_independent_judge(tmp_path, smol_files, gemma_files):
+    """The default pair judged by Gemma 3 270M: every run carries the judge's figures, each
+    variant its pooled judge PPL, and the frontier a section at equal judge PPL."""
+    out, prompts = tmp_path / "out", tmp_path / "one.jsonl"
+    prompts.write_text('{"id": "sky", "messages": [{"role": "user", "content": "Why is the sky blue?"}]}\n')
+    args = ["bench", "--prompts", str(prompts), "--max-tokens", "8", "--out", str(out), "--methods", "ar,mtad"]
+    r = CliRunner().invoke(cli, [*args, "--judge", "gemma3-270m"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    judge = res["config"]["judge"]
+    assert judge["name"] == "gemma3-270m" and judge["model"] == str(gemma_files.target)
+    assert judge["n_vocab"] == 262144 and judge["chat_prompts"] == "judge" and judge["same_as_target"] is False
+    assert judge["n_ctx"] >= 8 * 4
+    for run in res["runs"]:
+        assert 0 < run["judge_tokens"] <= 4 * run["generated"] and run["judge_truncated"] is False
+        assert run["judge_logprob_sum"] < 0
+        assert run["judge_ppl"] == pytest.approx(math.exp(-run["judge_logprob_sum"] / run["judge_tokens"]))
+    for label, agg in res["methods"].items():
+        (run,) = [x for x in res["runs"] if x["label"] == label]
+        assert agg["judge_ppl"] == pytest.approx(run["judge_ppl"]) and agg["judge_tokens"] == run["judge_tokens"]
+    front = res["frontier"]["judge"]
+    assert [p["label"] for p in front["curve"]] == ["ar"] and set(front["variants"]) == {"mtad"}
+    assert "| judge PPL |" in (out / "report.md").read_text()
