@@ -200,3 +200,57 @@ def test_resolution_is_two_combined_errors_of_the_median_variant_and_projects_to
     more = resolution(variants, runs=96)  # 12 times the runs: errors over sqrt(12)
     assert more["distinct_2"] == pytest.approx(res["distinct_2"] / math.sqrt(12)) and more["runs"] == 96
     assert resolution({"x": {"runs": 1, "se": {"distinct_2": None}}}) == {}
+
+
+# -- the quality preset -------------------------------------------------------------------------
+def test_the_large_quality_set_is_24_open_ended_chat_prompts():
+    from mtad_edge.bench.run import load_prompts
+
+    items = load_prompts("quality-large")
+    assert len(items) == 24 and len({i["id"] for i in items}) == 24
+    assert all(len(i["messages"]) == 1 and i["messages"][0]["role"] == "user" for i in items)
+    kinds = [i["id"].split("-")[1] for i in items]
+    assert {k: kinds.count(k) for k in kinds} == dict.fromkeys(
+        ("advice", "explain", "story", "describe", "opinion", "howto"), 4
+    )
+
+
+def test_preset_settings_yield_to_the_options_given():
+    from mtad_edge.bench.run import PRESETS, preset_settings
+
+    assert preset_settings(None, set()) == {}
+    assert preset_settings("quality", set()) == PRESETS["quality"]
+    assert preset_settings("quality", {"repeats", "max_tokens"}) == {
+        "prompts_file": "quality-large",
+        "ar_temperatures": "1,0.8,0.6,0.4",
+    }
+
+
+def test_bench_preset_quality_fills_what_the_command_line_leaves_out(monkeypatch):
+    from click.testing import CliRunner
+
+    import mtad_edge.cli.bench as command
+    from mtad_edge.cli import cli
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    seen: dict = {}
+    real = command.BenchConfig
+
+    def capture(**kw):
+        seen.update(kw)
+        return real(**kw)
+
+    def stop(path):
+        seen["prompts"] = path
+        raise MtadEdgeError("stopped before loading")
+
+    monkeypatch.setattr(command, "BenchConfig", capture)
+    monkeypatch.setattr(command, "load_prompts", stop)
+    r = CliRunner().invoke(cli, ["bench", "--preset", "quality"])
+    assert "stopped before loading" in r.output
+    assert seen["prompts"] == "quality-large" and seen["repeats"] == 4 and seen["decode"].max_tokens == 128
+    assert [v.label for v in seen["variants"]] == ["ar", "sd", "mtad", "ar T=0.8", "ar T=0.6", "ar T=0.4"]
+    args = ["--prompts", "quality", "--repeats", "2", "--max-tokens", "64", "--ar-temperatures", "0.5"]
+    CliRunner().invoke(cli, ["bench", "--preset", "quality", *args, "--methods", "ar"])
+    assert seen["prompts"] == "quality" and seen["repeats"] == 2 and seen["decode"].max_tokens == 64
+    assert [v.label for v in seen["variants"]] == ["ar", "ar T=0.5"]

@@ -36,14 +36,37 @@ class BenchConfig:
         return cls(variants=tuple(Variant(m, m) for m in methods), **kw)
 
 
-# Packaged prompt sets, by name: the default mix (chat, code, explanation, story) and the open-ended
-# set the quality frontier is measured on (8 prompts where diversity and repetition show).
-PROMPT_SETS = {"default": "prompts.jsonl", "quality": "quality.jsonl"}
+# Packaged prompt sets, by name: the default mix (chat, code, explanation, story), the open-ended
+# set the quality frontier is measured on (8 prompts where diversity and repetition show) and a
+# larger one of 24 open-ended chat prompts (advice, explanations, stories, descriptions, opinions,
+# instructions) for the quality preset.
+PROMPT_SETS = {"default": "prompts.jsonl", "quality": "quality.jsonl", "quality-large": "quality-large.jsonl"}
+
+# `bench --preset NAME`: settings that go together; an option given on the command line wins.
+# quality: enough prompt-runs to tell quality gaps from noise (24 prompts x 4 seeds = 96 runs per
+# variant, 128 tokens each) and plain decoding's temperature curve to place every variant against.
+PRESETS: dict[str, dict[str, Any]] = {
+    "quality": {
+        "prompts_file": "quality-large",
+        "repeats": 4,
+        "max_tokens": 128,
+        "ar_temperatures": "1,0.8,0.6,0.4",
+    }
+}
+
+
+def preset_settings(name: Optional[str], given: set[str]) -> dict[str, Any]:
+    """The preset's settings that no option in ``given`` (names of options set on the command
+    line) overrides."""
+    if name is None:
+        return {}
+    return {k: v for k, v in PRESETS[name].items() if k not in given}
 
 
 def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
     """JSONL: one object per line with ``prompt`` (raw text) or ``messages`` (chat); optional ``id``.
-    ``path`` may also name a packaged set (``default``, ``quality``); None is ``default``."""
+    ``path`` may also name a packaged set (``default``, ``quality``, ``quality-large``); None is
+    ``default``."""
     name = "default" if path is None else str(path)
     if name in PROMPT_SETS and not Path(name).exists():
         text = resources.files("mtad_edge.data").joinpath(PROMPT_SETS[name]).read_text()

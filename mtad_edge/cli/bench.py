@@ -13,15 +13,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 import click
+from click.core import ParameterSource
 
 from mtad_edge.bench import judge as judging
 from mtad_edge.bench import native, report
 from mtad_edge.bench.paired import paired
 from mtad_edge.bench.quality import frontier, resolution
 from mtad_edge.bench.run import (
+    PRESETS,
     BenchConfig,
     aggregate,
     load_prompts,
+    preset_settings,
     projection,
     ratios,
     render,
@@ -101,7 +104,8 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     "prompts_file",
     type=click.Path(dir_okay=False),
     help="JSONL with 'prompt' or 'messages' per line, or a built-in set: 'default' (chat, code, explanation, "
-    "story) or 'quality' (8 open-ended prompts, for the quality frontier).",
+    "story), 'quality' (8 open-ended prompts, for the quality frontier) or 'quality-large' (24 open-ended "
+    "chat prompts: advice, explanations, stories, descriptions, opinions, instructions).",
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
@@ -111,6 +115,12 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     help="Also score every run's text under a model that took no part (a pair name means its target, e.g. "
     "gemma3-270m when benchmarking smollm2-135m): the judge's PPL, and each variant against plain decoding "
     "at equal judge PPL.",
+)
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(PRESETS)),
+    help="Settings that go together; options given beside it win. quality: --prompts quality-large (24 "
+    "open-ended chat prompts) --repeats 4 --max-tokens 128 --ar-temperatures 1,0.8,0.6,0.4.",
 )
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
 @click.option(
@@ -141,6 +151,7 @@ def bench(
     prompts_file: Optional[str],
     repeats: int,
     judge_ref: Optional[str],
+    preset: Optional[str],
     out_dir: str,
     llama_cpp_bin: Optional[str],
     sweep: bool,
@@ -155,6 +166,14 @@ def bench(
     if curve_dirs:
         _curve(curve_dirs, Path(out_dir))
         return
+    if preset:
+        ctx = click.get_current_context()
+        given = {k for k in PRESETS[preset] if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}
+        settings = preset_settings(preset, given)
+        prompts_file = settings.get("prompts_file", prompts_file)
+        repeats = settings.get("repeats", repeats)
+        ar_temperatures = settings.get("ar_temperatures", ar_temperatures)
+        sampling["max_tokens"] = settings.get("max_tokens", sampling["max_tokens"])
     chosen = _methods(methods)
     base = decode_config(method="mtad", **{**sampling, "seed": sampling["seed"] or 0})  # reproducible by default
     gamma_values = _option_list(gammas, "gamma", "--gammas")
@@ -232,6 +251,7 @@ def bench(
             "seed": base.seed,
             "threads": threads,
             "prompts_file": prompts_file or "default",
+            "preset": preset,
             "judge": judge_info,
         },
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_threads_used": threads},
