@@ -85,10 +85,11 @@ class Judge:
         self._prompts: dict[str, str] = {}
 
     @classmethod
-    def open(cls, pair: Pair, label: str, n_ctx: int, options: ModelOptions) -> Judge:
+    def open(cls, pair: Pair, n_ctx: int, options: ModelOptions) -> Judge:
+        """Load ``pair``'s target as the judge, labelled by the pair's name (else the file's)."""
         assert pair.target is not None
         model = load_backend(Path(pair.target), n_ctx, 1, replace(options, backend="llama.cpp"))
-        return cls(model, pair, label)
+        return cls(model, pair, pair.manifest.name if pair.manifest else Path(pair.target).stem)
 
     def prompt_text(self, item: dict[str, Any], rendered: str) -> str:
         """What the judge reads before the answer: a chat rendered with its own template (else

@@ -205,12 +205,7 @@ def bench(
         judge = None
         if judge_pair is not None:
             judge = stack.enter_context(
-                judging.Judge.open(
-                    judge_pair,
-                    judge_ref or "",
-                    judging.context_for(prompts, rendered, base.max_tokens),
-                    model.options,
-                )
+                judging.Judge.open(judge_pair, judging.context_for(prompts, rendered, base.max_tokens), model.options)
             )
             if judging.same_file(Path(str(judge_pair.target)), paths.target):
                 _say(f"bench: the judge {judge_ref} is the target itself: its PPL is not independent")
