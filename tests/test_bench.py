@@ -431,3 +431,181 @@ def test_size_curve_reads_earlier_runs_by_target_size(tmp_path):
     assert (out / "sizes.png").read_bytes().startswith(PNG_MAGIC)
     bad = CliRunner().invoke(cli, ["bench", "--curve", str(tmp_path), "--out", str(out)])
     assert bad.exit_code == 1 and "cannot read" in bad.output and "Traceback" not in bad.output
+
+
+# -- an independent judge (bench --judge) ---------------------------------------------------------
+class MergingLM(FakeLM):
+    """A fake judge whose tokenizer adds BOS (0), reads a-z as 1..26 and merges "st" into 27, so a
+    prompt ending in "s" and an answer starting with "t" share a token across the boundary."""
+
+    def __init__(self, **kw):
+        super().__init__(vocab=28, salt=5, **kw)
+
+    def tokenize(self, text, add_special=True):
+        out, i = [0] if add_special else [], 0
+        while i < len(text):
+            if text.startswith("st", i):
+                out.append(27)
+                i += 2
+            else:
+                out.append(ord(text[i]) - ord("a") + 1)
+                i += 1
+        return out
+
+    def apply_chat_template(self, messages, template=None, add_assistant=True):
+        from mtad_edge.runtime.errors import ModelLoadError
+
+        raise ModelLoadError("no chat template")
+
+
+def _direct(lm, ids, k):
+    """The judge's log p of ids[k:] after ids[:k], one context at a time (the definition)."""
+    return sum(float(log_softmax(lm.logits_for(ids[:i]))[ids[i]]) for i in range(k, len(ids)))
+
+
+def test_judge_scores_the_answer_beyond_the_common_prefix_of_its_own_tokens():
+    from mtad_edge.bench.judge import Judge, continuation
+    from mtad_edge.pairs import Pair
+
+    lm = MergingLM()
+    context, answer = continuation(lm, "abes", "tday")
+    assert context == [0, 1, 2, 5] and answer == [27, 4, 1, 25]  # "s" + "t" merged: scored as the answer's
+    judge = Judge(lm, Pair(None, None), "fake")
+    got = judge.score("abes", "tday")
+    full = lm.tokenize("abestday")
+    assert got["judge_tokens"] == 4 and got["judge_truncated"] is False
+    assert got["judge_logprob_sum"] == pytest.approx(_direct(lm, full, 4), abs=1e-9)
+    assert got["judge_logprob_sum"] == pytest.approx(float(token_logprobs(lm, context, answer).sum()), abs=1e-12)
+    assert got["judge_ppl"] == pytest.approx(math.exp(-got["judge_logprob_sum"] / 4))
+    assert judge.score("abes", "")["judge_tokens"] == 0 and judge.score("a", "")["judge_ppl"] is None
+    short = Judge(MergingLM(n_ctx=6), Pair(None, None), "fake").score("abes", "tday")  # room for 2 of 4
+    assert short["judge_tokens"] == 2 and short["judge_truncated"] is True
+    assert short["judge_logprob_sum"] == pytest.approx(_direct(lm, full[:6], 4), abs=1e-9)
+    # A chat prompt: the judge's own template, else (as this one, which has none) the pair's text
+    assert judge.prompt_text({"prompt": "raw"}, "ignored") == "raw" and judge.chat_prompts is None
+    assert judge.prompt_text({"messages": [{"role": "user", "content": "hi"}]}, "<pair>hi") == "<pair>hi"
+    assert judge.chat_prompts == "pair"
+    templated = Judge(FakeLM(vocab=7, salt=3), Pair(None, None), "fake")
+    assert templated.prompt_text({"messages": [{"role": "user", "content": "hi"}]}, "x") == "<user>hi<assistant>"
+    assert templated.chat_prompts == "judge"
+
+
+def test_bench_runs_are_scored_by_the_judge_and_pooled_per_variant(tmp_path):
+    """run_bench with a judge on fake models: each run's judge figures equal the judge's own
+    log-probs of the run's text after the prompt; aggregate pools them; ratios and the frontier
+    at equal judge PPL follow."""
+    from helpers import fake_engine
+    from mtad_edge.bench.judge import Judge
+    from mtad_edge.bench.quality import frontier
+    from mtad_edge.bench.run import BenchConfig, aggregate, run_bench
+    from mtad_edge.bench.variants import Variant
+    from mtad_edge.pairs import Pair
+    from mtad_edge.textstream import detokenize
+
+    engine = fake_engine(max_tokens=6)
+    lm = FakeLM(vocab=11, salt=7)
+    judge = Judge(lm, Pair(None, None), "fake")
+    prompts = [{"id": "a", "prompt": "abc"}, {"id": "b", "messages": [{"role": "user", "content": "dd"}]}]
+    variants = (Variant("ar", "ar"), Variant("ar T=0.5", "ar", {"temperature": 0.5}), Variant("sd", "sd"))
+    cfg = BenchConfig(variants=variants, repeats=2, decode=engine.defaults)
+    rows = run_bench(engine, prompts, cfg, judge=judge)
+    target = engine._require_open().target
+    for r in rows:
+        item = prompts[0] if r["prompt_id"] == "a" else prompts[1]
+        prompt = item.get("prompt", "<user>dd<assistant>")  # a chat: FakeLM's own template
+        ids = lm.tokenize(prompt + detokenize(target, r["tokens"]))
+        k = len(lm.tokenize(prompt))
+        assert r["judge_tokens"] == len(ids) - k == r["generated"]  # one character per token on both sides
+        assert r["judge_logprob_sum"] == pytest.approx(_direct(lm, ids, k), abs=1e-9)
+    agg = aggregate(rows, {v.label: v for v in variants})
+    for label, a in agg.items():
+        mine = [r for r in rows if r["label"] == label]
+        want = math.exp(-sum(r["judge_logprob_sum"] for r in mine) / sum(r["judge_tokens"] for r in mine))
+        assert a["judge_ppl"] == pytest.approx(want) and a["se"]["judge_ppl"] is not None
+        assert a["judge_tokens"] == sum(r["judge_tokens"] for r in mine) and a["judge_truncated"] == 0
+    from mtad_edge.bench.run import ratios
+
+    assert ratios(agg)["vs_ar"]["sd"]["judge_ppl"] == pytest.approx(agg["sd"]["judge_ppl"] / agg["ar"]["judge_ppl"])
+    front = frontier(agg)
+    assert {p["label"] for p in front["judge"]["curve"]} == {"ar", "ar T=0.5"}
+    assert set(front["judge"]["variants"]) == {"sd"}
+
+
+def test_report_shows_the_judge_beside_the_target_and_what_is_within_noise(tmp_path):
+    """report.md with a judge: its PPL beside the target's, the frontier at equal judge PPL, and the
+    smallest resolvable gap; quality.png gets a row by the judge's PPL."""
+    from mtad_edge.bench.quality import frontier, resolution
+    from mtad_edge.bench.report import plot_quality, report_markdown
+
+    def agg(method, t, ppl, judge_ppl, d2, r4):
+        speed = {"tokens_per_s": 50.0, "tokens_per_s_min": 49.0, "tokens_per_s_max": 51.0, "ttft_s": 0.01}
+        rates = {"block_efficiency": 1.0, "acceptance_rate": None, "cpu_s_per_token": 0.02, "j_per_token": None}
+        figures = {"distinct_1": 0.5, "distinct_2": d2, "distinct_3": 0.9, "rep_4": r4, "mean_length": 90.0}
+        se = {"se": {"ppl": 0.05, "judge_ppl": 0.2, "distinct_2": 0.01, "rep_4": 0.01}}
+        judge = {"judge_ppl": judge_ppl, "judge_truncated": 0, "runs": 96}
+        return {"method": method, "temperature": t, "ppl": ppl, "peak_rss_mb": 300, **judge, **speed, **rates,
+                **figures, **se, "accept_length_hist": {}}  # fmt: skip
+
+    methods = {
+        "ar": agg("ar", 1.0, 3.0, 12.0, 0.85, 0.05),
+        "ar T=0.6": agg("ar", 0.6, 2.0, 9.0, 0.75, 0.13),
+        "mtad": agg("mtad", 1.0, 2.2, 11.0, 0.78, 0.10),
+    }
+    cfg = {"prompts": 24, "repeats": 4, "max_tokens": 128, "temperature": 1.0, "top_k": 10, "top_p": 0.9}
+    cfg |= {"gamma": 4, "beam_width": 4, "accept_threshold": 0.5, "threads": 2, "judge": {"name": "gemma3-270m"}}
+    results = {"pair": {"name": "fake"}, "config": cfg, "methods": methods, "frontier": frontier(methods)}
+    results["resolution"] = resolution(methods)
+    md = report_markdown(results)
+    assert "judge PPL under gemma3-270m" in md and "| variant | T | PPL | judge PPL | distinct-1 |" in md
+    assert "| mtad | 1 | 2.20 ± 0.05 | 11.00 ± 0.20 | 0.500 | 0.780 ± 0.010 |" in md
+    assert "| mtad | 2.20 | 0.68 | 0.780 (0.770, +0.010) | 0.100 (0.114, -0.014) | beyond |" in md  # target PPL
+    assert "Against plain decoding at the same judge PPL (the ar curve, judge PPL by temperature: " in md
+    assert "| mtad | 11.00 | 0.87 | 0.780 (0.817, -0.037*) | 0.100 (0.077, +0.023) | behind |" in md
+    assert "Gaps below 0.028 in distinct-2, 0.028 in rep-4, 0.14 in PPL, 0.57 in judge PPL are within noise" in md
+    assert "(96 runs each)" in md and "held" not in md  # no run was cut short by the judge's context
+    png = plot_quality(tmp_path, results)
+    assert png is not None and png.read_bytes().startswith(PNG_MAGIC)
+    import matplotlib.pyplot as plt
+
+    assert plt.imread(png).shape[0] > plt.imread(png).shape[1] * 0.6  # two rows: by the target's PPL and the judge's
+
+
+@pytest.mark.parametrize(
+    "judge,words",
+    [
+        ("no-such-pair", "--judge no-such-pair: unknown pair 'no-such-pair'"),
+        ("{tmp}/notes.txt", "is not a GGUF file"),
+        ("{tmp}", "a folder; the judge is a pair name or a GGUF file"),
+        ("{tmp}/missing.gguf", "no such file"),
+    ],
+)
+def test_a_bad_judge_is_a_one_line_error_before_anything_loads(tmp_path, judge, words):
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    r = CliRunner().invoke(cli, ["bench", "--judge", judge.format(tmp=tmp_path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 1 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.slow
+def test_bench_with_an_independent_judge(tmp_path, smol_files, gemma_files):
+    """The default pair judged by Gemma 3 270M: every run carries the judge's figures, each
+    variant its pooled judge PPL, and the frontier a section at equal judge PPL."""
+    out, prompts = tmp_path / "out", tmp_path / "one.jsonl"
+    prompts.write_text('{"id": "sky", "messages": [{"role": "user", "content": "Why is the sky blue?"}]}\n')
+    args = ["bench", "--prompts", str(prompts), "--max-tokens", "8", "--out", str(out), "--methods", "ar,mtad"]
+    r = CliRunner().invoke(cli, [*args, "--judge", "gemma3-270m"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    judge = res["config"]["judge"]
+    assert judge["name"] == "gemma3-270m" and judge["model"] == str(gemma_files.target)
+    assert judge["n_vocab"] == 262144 and judge["chat_prompts"] == "judge" and judge["same_as_target"] is False
+    assert judge["n_ctx"] >= 8 * 4
+    for run in res["runs"]:
+        assert 0 < run["judge_tokens"] <= 4 * run["generated"] and run["judge_truncated"] is False
+        assert run["judge_logprob_sum"] < 0
+        assert run["judge_ppl"] == pytest.approx(math.exp(-run["judge_logprob_sum"] / run["judge_tokens"]))
+    for label, agg in res["methods"].items():
+        (run,) = [x for x in res["runs"] if x["label"] == label]
+        assert agg["judge_ppl"] == pytest.approx(run["judge_ppl"]) and agg["judge_tokens"] == run["judge_tokens"]
+    front = res["frontier"]["judge"]
+    assert [p["label"] for p in front["curve"]] == ["ar"] and set(front["variants"]) == {"mtad"}
+    assert "| judge PPL |" in (out / "report.md").read_text()

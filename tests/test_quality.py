@@ -13,6 +13,7 @@ from mtad_edge.bench.quality import (
     quality,
     rep,
     repeat_counts,
+    resolution,
     run_counts,
 )
 from mtad_edge.bench.variants import capacity, expand, parse_spec
@@ -138,3 +139,118 @@ def test_variants_expand_methods_gammas_and_temperatures_in_order():
 def test_bad_variant_specs_name_the_problem(spec, words):
     with pytest.raises(OptionError, match=words):
         parse_spec(spec)
+
+
+# -- an independent judge's PPL, and the frontier at equal judge PPL ------------------------------
+def _judged(tokens, logprob_sum, judge_sum, judge_tokens):
+    return {**_row(tokens, logprob_sum), "judge_logprob_sum": judge_sum, "judge_tokens": judge_tokens}
+
+
+def test_judge_ppl_pools_the_judges_own_tokens_with_a_standard_error():
+    rows = [_judged(ABAB, -6.0, -9.0, 5), _judged([5, 6, 7, 8, 9], -10.0, -4.0, 7)]
+    q = quality(rows)
+    assert q["ppl"] == pytest.approx(math.exp(16 / 11))  # the target's, per generated token
+    assert q["judge_ppl"] == pytest.approx(math.exp(13 / 12))  # the judge's, per judge token
+    assert q["se"]["judge_ppl"] > 0
+    assert set(q["se"]) == {"ppl", "judge_ppl", "distinct_1", "distinct_2", "distinct_3", "rep_4"}
+    assert "judge_ppl" not in quality([_row(ABAB, -6.0)] * 2)  # no judge: no judge figures
+    assert "judge_ppl" not in quality([_row(ABAB, -6.0), _judged(ABAB, -6.0, -1.0, 2)])  # only where all were judged
+
+
+def _judged_agg(method, ppl, judge_ppl, d2, r4, t=1.0, se=None):
+    return {**_agg(method, ppl, d2, r4, t, se), "judge_ppl": judge_ppl}
+
+
+def test_frontier_places_variants_at_equal_judge_ppl_too():
+    """The judge orders the curve by its own PPL and matches each variant at its judge PPL: a
+    variant the target scores low (it verified the text) can sit at a hotter temperature for the
+    judge, and the verdict changes with it."""
+    se = {"distinct_2": 0.005, "rep_4": 0.005}
+    curve = {
+        "ar": _judged_agg("ar", 3.0, 12.0, 0.85, 0.05, 1.0, se),
+        "ar T=0.6": _judged_agg("ar", 2.0, 9.0, 0.75, 0.13, 0.6, se),
+        "ar T=0.4": _judged_agg("ar", 1.8, 8.0, 0.70, 0.15, 0.4, se),
+    }
+    mtad = _judged_agg("mtad", 2.0, 11.0, 0.78, 0.10, se=se)
+    f = frontier({**curve, "mtad": mtad})
+    at_target, at_judge = f["variants"]["mtad"], f["judge"]["variants"]["mtad"]
+    assert at_target["matched_temperature"] == pytest.approx(0.6) and at_target["verdict"] == "beyond"
+    assert [p["temperature"] for p in f["judge"]["curve"]] == [0.4, 0.6, 1.0]
+    assert [p["judge_ppl"] for p in f["judge"]["curve"]] == [8.0, 9.0, 12.0]
+    # judge PPL 11 lies 2/3 of the way from T=0.6 (9) to T=1 (12): T 0.867, distinct-2 0.8167, rep-4 0.0767
+    assert at_judge["matched_temperature"] == pytest.approx(0.6 + 0.4 * 2 / 3)
+    assert at_judge["curve_distinct_2"] == pytest.approx(0.75 + 0.1 * 2 / 3)
+    assert at_judge["distinct_2_gap"] == pytest.approx(0.78 - (0.75 + 0.1 * 2 / 3))
+    assert at_judge["rep_4_gap"] == pytest.approx(0.10 - (0.13 - 0.08 * 2 / 3))
+    assert at_judge["verdict"] == "behind" and at_judge["clear"] == {"distinct_2": True, "rep_4": True}
+    beyond = frontier({**curve, "m": _judged_agg("m", 2.5, 7.0, 0.72, 0.12)})["judge"]["variants"]["m"]
+    assert beyond["ppl_range"] == "below" and beyond["matched_temperature"] == 0.4 and beyond["verdict"] == "beyond"
+    assert "judge" not in frontier(CURVE)  # no judge PPL anywhere: the target's frontier alone
+
+
+def test_resolution_is_two_combined_errors_of_the_median_variant_and_projects_to_more_runs():
+    def agg(se_d2, se_r4, runs=8):
+        return {"runs": runs, "se": {"distinct_2": se_d2, "rep_4": se_r4, "ppl": 0.1, "judge_ppl": None}}
+
+    variants = {"a": agg(0.01, 0.02), "b": agg(0.02, 0.03), "c": agg(0.03, 0.01)}
+    res = resolution(variants)
+    assert res["distinct_2"] == pytest.approx(2 * math.sqrt(2) * 0.02)  # the median error, 0.02
+    assert res["rep_4"] == pytest.approx(2 * math.sqrt(2) * 0.02)
+    assert res["ppl"] == pytest.approx(2 * math.sqrt(2) * 0.1) and "judge_ppl" not in res and res["runs"] == 8
+    more = resolution(variants, runs=96)  # 12 times the runs: errors over sqrt(12)
+    assert more["distinct_2"] == pytest.approx(res["distinct_2"] / math.sqrt(12)) and more["runs"] == 96
+    assert resolution({"x": {"runs": 1, "se": {"distinct_2": None}}}) == {}
+
+
+# -- the quality preset -------------------------------------------------------------------------
+def test_the_large_quality_set_is_24_open_ended_chat_prompts():
+    from mtad_edge.bench.run import load_prompts
+
+    items = load_prompts("quality-large")
+    assert len(items) == 24 and len({i["id"] for i in items}) == 24
+    assert all(len(i["messages"]) == 1 and i["messages"][0]["role"] == "user" for i in items)
+    kinds = [i["id"].split("-")[1] for i in items]
+    assert {k: kinds.count(k) for k in kinds} == dict.fromkeys(
+        ("advice", "explain", "story", "describe", "opinion", "howto"), 4
+    )
+
+
+def test_preset_settings_yield_to_the_options_given():
+    from mtad_edge.bench.run import PRESETS, preset_settings
+
+    assert preset_settings(None, set()) == {}
+    assert preset_settings("quality", set()) == PRESETS["quality"]
+    assert preset_settings("quality", {"repeats", "max_tokens"}) == {
+        "prompts_file": "quality-large",
+        "ar_temperatures": "1,0.8,0.6,0.4",
+    }
+
+
+def test_bench_preset_quality_fills_what_the_command_line_leaves_out(monkeypatch):
+    from click.testing import CliRunner
+
+    import mtad_edge.cli.bench as command
+    from mtad_edge.cli import cli
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    seen: dict = {}
+    real = command.BenchConfig
+
+    def capture(**kw):
+        seen.update(kw)
+        return real(**kw)
+
+    def stop(path):
+        seen["prompts"] = path
+        raise MtadEdgeError("stopped before loading")
+
+    monkeypatch.setattr(command, "BenchConfig", capture)
+    monkeypatch.setattr(command, "load_prompts", stop)
+    r = CliRunner().invoke(cli, ["bench", "--preset", "quality"])
+    assert "stopped before loading" in r.output
+    assert seen["prompts"] == "quality-large" and seen["repeats"] == 4 and seen["decode"].max_tokens == 128
+    assert [v.label for v in seen["variants"]] == ["ar", "sd", "mtad", "ar T=0.8", "ar T=0.6", "ar T=0.4"]
+    args = ["--prompts", "quality", "--repeats", "2", "--max-tokens", "64", "--ar-temperatures", "0.5"]
+    CliRunner().invoke(cli, ["bench", "--preset", "quality", *args, "--methods", "ar"])
+    assert seen["prompts"] == "quality" and seen["repeats"] == 2 and seen["decode"].max_tokens == 64
+    assert [v.label for v in seen["variants"]] == ["ar", "ar T=0.5"]

@@ -88,7 +88,8 @@ def report_markdown(results: dict) -> str:
         "Block efficiency: generated tokens / target calls. PPL: exp(-mean log p_target(token | prefix)) "
         "under the target's raw logits, scored the same way for every method. distinct-n: unique token n-grams / "
         "n-grams of an output; rep-4: share of an output's token 4-grams already seen earlier in it; both pooled "
-        "over runs (± one bootstrap standard error over runs).",
+        "over runs (± one bootstrap standard error over runs). Judge PPL (with --judge): the same text "
+        "re-tokenised and scored by a model that took no part.",
         "",
     ]
     return "\n".join(lines)
@@ -100,46 +101,84 @@ def _pm(agg: dict, key: str, spec: str = ".3f") -> str:
 
 
 def _quality_tables(results: dict) -> list[str]:
-    """Diversity and repetition per variant; then each variant against plain decoding's curve."""
+    """Diversity and repetition per variant (the judge's PPL beside the target's where a judge
+    scored the runs); then each variant against plain decoding's curve at equal target PPL and at
+    equal judge PPL; then the smallest gap this run tells from noise."""
     methods = results["methods"]
     if not any(a.get("distinct_2") is not None for a in methods.values()):
         return []
+    judged = any(a.get("judge_ppl") is not None for a in methods.values())
+    judge = (results.get("config") or {}).get("judge") or {}
     lines = [
         "",
-        "Quality (PPL under the target; diversity and repetition over token ids):",
+        "Quality (PPL under the target"
+        + (f", judge PPL under {judge.get('name') or 'the judge'}, a model that took no part" if judged else "")
+        + "; diversity and repetition over token ids):",
         "",
-        "| variant | T | PPL | distinct-1 | distinct-2 | distinct-3 | rep-4 | mean length |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | T | PPL" + (" | judge PPL" if judged else "") + " | distinct-1 | distinct-2 | distinct-3 | rep-4 "
+        "| mean length |",
+        "|---|---|---|" + ("---|" if judged else "") + "---|---|---|---|---|",
     ]
     for m, a in methods.items():
         lines.append(
-            f"| {m} | {_fmt(a.get('temperature'), 'g')} | {_pm(a, 'ppl', '.2f')} | {_fmt(a.get('distinct_1'), '.3f')} "
+            f"| {m} | {_fmt(a.get('temperature'), 'g')} | {_pm(a, 'ppl', '.2f')} "
+            + (f"| {_pm(a, 'judge_ppl', '.2f')} " if judged else "")
+            + f"| {_fmt(a.get('distinct_1'), '.3f')} "
             f"| {_pm(a, 'distinct_2')} | {_fmt(a.get('distinct_3'), '.3f')} | {_pm(a, 'rep_4')} "
             f"| {_fmt(a.get('mean_length'), '.1f')} |"
         )
+    truncated = sum(a.get("judge_truncated") or 0 for a in methods.values())
+    if truncated:
+        lines += ["", f"The judge's context held {truncated} run(s) only in part: scored as far as it held them."]
     front = results.get("frontier") or {}
-    if front.get("variants"):
-        curve = ", ".join(f"T={p['temperature']:g}: {p['ppl']:.2f}" for p in front["curve"])
-        lines += [
-            "",
-            f"Against plain decoding at the same PPL (the ar curve, PPL by temperature: {curve}). "
-            "Beyond: more diverse (distinct-2 higher) *and* repeating less (rep-4 lower) than plain decoding "
-            "at that PPL; behind: both worse. A gap marked * exceeds two combined standard errors.",
-            "",
-            "| variant | PPL | ar T at same PPL | distinct-2 (ar there) | rep-4 (ar there) | verdict |",
-            "|---|---|---|---|---|---|",
-        ]
-        for m, p in front["variants"].items():
-            a = methods[m]
-            t = p["matched_temperature"]
-            t_txt = {"at": f"{t:.2f}", "below": f"< {t:g} (lowest PPL)", "above": f"> {t:g} (highest PPL)"}
-            cells = [
-                f"{a[k]:.3f} ({p['curve_' + k]:.3f}, {p[k + '_gap']:+.3f}{'*' if p['clear'].get(k) else ''})"
-                for k in ("distinct_2", "rep_4")
-            ]
-            ppl, verdict = _fmt(a["ppl"], ".2f"), p["verdict"]
-            lines.append(f"| {m} | {ppl} | {t_txt[p['ppl_range']]} | {cells[0]} | {cells[1]} | {verdict} |")
+    lines += _frontier_table(methods, front, "ppl", "PPL")
+    lines += _frontier_table(methods, front.get("judge") or {}, "judge_ppl", "judge PPL")
+    lines += _resolution_line(results.get("resolution") or {})
     return lines
+
+
+def _frontier_table(methods: dict, front: dict, by: str, name: str) -> list[str]:
+    """Each variant against plain decoding's curve at the same PPL (``by``: the target's or the judge's)."""
+    if not front.get("variants"):
+        return []
+    curve = ", ".join(f"T={p['temperature']:g}: {p[by]:.2f}" for p in front["curve"])
+    lines = [
+        "",
+        f"Against plain decoding at the same {name} (the ar curve, {name} by temperature: {curve}). "
+        "Beyond: more diverse (distinct-2 higher) *and* repeating less (rep-4 lower) than plain decoding "
+        f"at that {name}; behind: both worse. A gap marked * exceeds two combined standard errors.",
+        "",
+        f"| variant | {name} | ar T at same {name} | distinct-2 (ar there) | rep-4 (ar there) | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, p in front["variants"].items():
+        a = methods[m]
+        t = p["matched_temperature"]
+        t_txt = {"at": f"{t:.2f}", "below": f"< {t:g} (lowest {name})", "above": f"> {t:g} (highest {name})"}
+        cells = [
+            f"{a[k]:.3f} ({p['curve_' + k]:.3f}, {p[k + '_gap']:+.3f}{'*' if p['clear'].get(k) else ''})"
+            for k in ("distinct_2", "rep_4")
+        ]
+        ppl, verdict = _fmt(a[by], ".2f"), p["verdict"]
+        lines.append(f"| {m} | {ppl} | {t_txt[p['ppl_range']]} | {cells[0]} | {cells[1]} | {verdict} |")
+    return lines
+
+
+def _resolution_line(res: dict) -> list[str]:
+    """The smallest gap between two variants this run tells from noise (quality.resolution)."""
+    if res.get("distinct_2") is None:
+        return []
+    parts = [f"{res['distinct_2']:.3f} in distinct-2"]
+    if res.get("rep_4") is not None:
+        parts.append(f"{res['rep_4']:.3f} in rep-4")
+    for key, name in (("ppl", "PPL"), ("judge_ppl", "judge PPL")):
+        if res.get(key) is not None:
+            parts.append(f"{res[key]:.2f} in {name}")
+    return [
+        "",
+        f"Gaps below {', '.join(parts)} are within noise here: two combined standard errors of two variants "
+        f"with the median variant's error ({res['runs']} runs each).",
+    ]
 
 
 def _time_table(methods: dict) -> list[str]:
@@ -340,37 +379,43 @@ def plot_sweep(out: Path, sweep: list[dict]) -> Optional[Path]:
 
 def plot_quality(out: Path, results: dict) -> Optional[Path]:
     """PPL against distinct-2 and against rep-4: plain decoding's temperature curve as a line,
-    every other variant as a point (error bars: one standard error)."""
+    every other variant as a point (error bars: one standard error); a second row by the judge's
+    PPL where a judge scored the runs."""
     plt = _pyplot()
     methods = results["methods"]
     if plt is None or not any(a.get("distinct_2") is not None for a in methods.values()):
         return None
-    curve = (results.get("frontier") or {}).get("curve") or []
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
-    for ax, key, name, better in (
-        (axes[0], "distinct_2", "distinct-2", "up: more diverse"),
-        (axes[1], "rep_4", "rep-4", "down: repeats less"),
-    ):
-        if curve:
-            ax.plot([p["ppl"] for p in curve], [p[key] for p in curve], "o-", color="gray", label="ar (temperature)")
-            for p in curve:
-                ax.annotate(
-                    f"T={p['temperature']:g}",
-                    (p["ppl"], p[key]),
-                    fontsize=7,
-                    color="gray",
-                    xytext=(3, 3),
-                    textcoords="offset points",
-                )
-        for label, a in methods.items():
-            if a.get("method") == "ar" or a.get(key) is None or a.get("ppl") is None:
-                continue
-            se = a.get("se") or {}
-            ax.errorbar(a["ppl"], a[key], xerr=se.get("ppl"), yerr=se.get(key), fmt="o", capsize=3, label=label)
-            ax.annotate(label, (a["ppl"], a[key]), fontsize=7, xytext=(3, -9), textcoords="offset points")
-        ax.set(xlabel="PPL under the target (lower: more likely text)", ylabel=name, title=f"PPL vs {name} ({better})")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="best")
+    front = results.get("frontier") or {}
+    rows = [("ppl", front.get("curve") or [], "PPL under the target")]
+    if any(a.get("judge_ppl") is not None for a in methods.values()):
+        judge = ((results.get("config") or {}).get("judge") or {}).get("name") or "the judge"
+        rows.append(("judge_ppl", (front.get("judge") or {}).get("curve") or [], f"PPL under {judge}"))
+    fig, grid = plt.subplots(len(rows), 2, figsize=(13, 5.5 * len(rows)), squeeze=False)
+    for axes, (by, curve, xlabel) in zip(grid, rows):
+        for ax, key, name, better in (
+            (axes[0], "distinct_2", "distinct-2", "up: more diverse"),
+            (axes[1], "rep_4", "rep-4", "down: repeats less"),
+        ):
+            if curve:
+                ax.plot([p[by] for p in curve], [p[key] for p in curve], "o-", color="gray", label="ar (temperature)")
+                for p in curve:
+                    ax.annotate(
+                        f"T={p['temperature']:g}",
+                        (p[by], p[key]),
+                        fontsize=7,
+                        color="gray",
+                        xytext=(3, 3),
+                        textcoords="offset points",
+                    )
+            for label, a in methods.items():
+                if a.get("method") == "ar" or a.get(key) is None or a.get(by) is None:
+                    continue
+                se = a.get("se") or {}
+                ax.errorbar(a[by], a[key], xerr=se.get(by), yerr=se.get(key), fmt="o", capsize=3, label=label)
+                ax.annotate(label, (a[by], a[key]), fontsize=7, xytext=(3, -9), textcoords="offset points")
+            ax.set(xlabel=f"{xlabel} (lower: more likely text)", ylabel=name, title=f"{xlabel} vs {name} ({better})")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7, loc="best")
     fig.suptitle(f"mtad-edge bench: quality against plain decoding, {results['pair']['name']}")
     fig.tight_layout()
     return _save(plt, fig, out / "quality.png")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mtad_edge.bench.energy import EnergyMeter
+from mtad_edge.bench.judge import Judge
 from mtad_edge.bench.quality import quality, run_counts
 from mtad_edge.bench.variants import Variant
 from mtad_edge.engine import Engine
@@ -35,14 +36,37 @@ class BenchConfig:
         return cls(variants=tuple(Variant(m, m) for m in methods), **kw)
 
 
-# Packaged prompt sets, by name: the default mix (chat, code, explanation, story) and the open-ended
-# set the quality frontier is measured on (8 prompts where diversity and repetition show).
-PROMPT_SETS = {"default": "prompts.jsonl", "quality": "quality.jsonl"}
+# Packaged prompt sets, by name: the default mix (chat, code, explanation, story), the open-ended
+# set the quality frontier is measured on (8 prompts where diversity and repetition show) and a
+# larger one of 24 open-ended chat prompts (advice, explanations, stories, descriptions, opinions,
+# instructions) for the quality preset.
+PROMPT_SETS = {"default": "prompts.jsonl", "quality": "quality.jsonl", "quality-large": "quality-large.jsonl"}
+
+# `bench --preset NAME`: settings that go together; an option given on the command line wins.
+# quality: enough prompt-runs to tell quality gaps from noise (24 prompts x 4 seeds = 96 runs per
+# variant, 128 tokens each) and plain decoding's temperature curve to place every variant against.
+PRESETS: dict[str, dict[str, Any]] = {
+    "quality": {
+        "prompts_file": "quality-large",
+        "repeats": 4,
+        "max_tokens": 128,
+        "ar_temperatures": "1,0.8,0.6,0.4",
+    }
+}
+
+
+def preset_settings(name: Optional[str], given: set[str]) -> dict[str, Any]:
+    """The preset's settings that no option in ``given`` (names of options set on the command
+    line) overrides."""
+    if name is None:
+        return {}
+    return {k: v for k, v in PRESETS[name].items() if k not in given}
 
 
 def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
     """JSONL: one object per line with ``prompt`` (raw text) or ``messages`` (chat); optional ``id``.
-    ``path`` may also name a packaged set (``default``, ``quality``); None is ``default``."""
+    ``path`` may also name a packaged set (``default``, ``quality``, ``quality-large``); None is
+    ``default``."""
     name = "default" if path is None else str(path)
     if name in PROMPT_SETS and not Path(name).exists():
         text = resources.files("mtad_edge.data").joinpath(PROMPT_SETS[name]).read_text()
@@ -87,18 +111,22 @@ def _peak_rss_mb() -> float:
     return kb / 1024 / 1024 if sys.platform == "darwin" else kb / 1024  # bytes on macOS, KiB on Linux
 
 
-def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: EnergyMeter) -> dict[str, Any]:
-    """One request with every per-run figure; PPL and the n-gram counts are computed afterwards,
-    outside the timing."""
+def measure(
+    engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: EnergyMeter, judge: Optional[Judge] = None
+) -> dict[str, Any]:
+    """One request with every per-run figure; PPL (the target's, and the judge's where one is
+    given) and the n-gram counts are computed afterwards, outside the timing."""
     cpu0 = _cpu_s()
     meter.start()
     # Seeds make variants sample alike; 'auto' plans as for an unseeded user, from learned costs.
-    response = engine.generate(render(engine, item), learned_costs=True, **cfg.as_options())
-    response.text()
+    prompt = render(engine, item)
+    response = engine.generate(prompt, learned_costs=True, **cfg.as_options())
+    text = response.text()
     energy = meter.stop()
     cpu = _cpu_s() - cpu0
     st, tokens = response.stats, response.tokens
     logp = engine.score(response.prompt_ids, tokens)
+    judged = judge.score(judge.prompt_text(item, prompt), text) if judge is not None else {}
     n = len(tokens)
     extra = st.to_dict()  # the adaptive controller's fields, on runtimes that have it
     return {
@@ -123,6 +151,7 @@ def measure(engine: Engine, item: dict[str, Any], cfg: DecodeConfig, meter: Ener
         "other_s": st.other_s,
         "logprob_sum": float(logp.sum()),
         "ppl": math.exp(-float(logp.mean())) if n else None,
+        **judged,
         "cpu_s": cpu,
         "cpu_s_per_token": cpu / n if n else None,
         "peak_rss_mb": _peak_rss_mb(),
@@ -151,9 +180,14 @@ VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 
 
 def run_bench(
-    engine: Engine, prompts: list[dict[str, Any]], cfg: BenchConfig, progress: Callable[[int], None] = lambda n: None
+    engine: Engine,
+    prompts: list[dict[str, Any]],
+    cfg: BenchConfig,
+    progress: Callable[[int], None] = lambda n: None,
+    judge: Optional[Judge] = None,
 ) -> list[dict[str, Any]]:
     """Rows for repeats x prompts x variants. Within a repeat every variant gets the same seed.
+    ``judge``: every run's text is also scored by that model (bench/judge.py).
 
     The variants run in a fresh seeded order for each prompt and repeat: the engine keeps what it
     learned (costs, acceptance) and the machine warms up, so a fixed order would hand every variant
@@ -166,7 +200,7 @@ def run_bench(
             done: dict[int, dict[str, Any]] = {}
             for position, k in enumerate(run_order(len(cfg.variants), seed)):
                 v = cfg.variants[k]
-                row = measure(engine, item, v.config(cfg.decode, seed), meter)
+                row = measure(engine, item, v.config(cfg.decode, seed), meter, judge)
                 done[k] = {"label": v.label, "prompt_id": item["id"], "repeat": rep, "ran": position, **row}
                 progress(1)
             rows.extend(done[k] for k in range(len(cfg.variants)))
@@ -251,6 +285,9 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             "vocab_resyncs": sum(r.get("vocab_resyncs", 0) for r in mine) if mapped else None,
             **quality(mine),
         }
+        if all("judge_tokens" in r for r in mine):  # scored by a judge: its tokens, runs it could not hold whole
+            out[label]["judge_tokens"] = _total(mine, "judge_tokens")
+            out[label]["judge_truncated"] = sum(bool(r["judge_truncated"]) for r in mine)
         out[label]["time_ms_per_token"] = time_split(out[label])
     return out
 
@@ -259,13 +296,19 @@ RATIO_KEYS = ("tokens_per_s", "ppl", "cpu_s_per_token", "j_per_token", "block_ef
 
 
 def ratios(methods: dict) -> dict:
-    """variant / baseline for each figure, against the variants labelled ar and sd when they ran."""
+    """variant / baseline for each figure (the judge's PPL too where one scored the runs), against
+    the variants labelled ar and sd when they ran."""
 
     def div(a, b):
         return a / b if a is not None and b else None
 
+    def keys(base: dict) -> tuple[str, ...]:
+        return RATIO_KEYS + (("judge_ppl",) if base.get("judge_ppl") is not None else ())
+
     return {
-        f"vs_{base}": {m: {k: div(agg[k], methods[base][k]) for k in RATIO_KEYS} for m, agg in methods.items()}
+        f"vs_{base}": {
+            m: {k: div(agg.get(k), methods[base][k]) for k in keys(methods[base])} for m, agg in methods.items()
+        }
         for base in ("ar", "sd")
         if base in methods
     }

@@ -3,6 +3,7 @@ a prompt set, with JSON, a Markdown report and plots."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import platform
@@ -12,11 +13,23 @@ from pathlib import Path
 from typing import Any, Optional
 
 import click
+from click.core import ParameterSource
 
+from mtad_edge.bench import judge as judging
 from mtad_edge.bench import native, report
 from mtad_edge.bench.paired import paired
-from mtad_edge.bench.quality import frontier
-from mtad_edge.bench.run import BenchConfig, aggregate, load_prompts, projection, ratios, render, run_bench
+from mtad_edge.bench.quality import frontier, resolution
+from mtad_edge.bench.run import (
+    PRESETS,
+    BenchConfig,
+    aggregate,
+    load_prompts,
+    preset_settings,
+    projection,
+    ratios,
+    render,
+    run_bench,
+)
 from mtad_edge.bench.variants import Variant, expand
 from mtad_edge.bench.variants import capacity as variant_capacity
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
@@ -91,9 +104,24 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     "prompts_file",
     type=click.Path(dir_okay=False),
     help="JSONL with 'prompt' or 'messages' per line, or a built-in set: 'default' (chat, code, explanation, "
-    "story) or 'quality' (8 open-ended prompts, for the quality frontier).",
+    "story), 'quality' (8 open-ended prompts, for the quality frontier) or 'quality-large' (24 open-ended "
+    "chat prompts: advice, explanations, stories, descriptions, opinions, instructions).",
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--judge",
+    "judge_ref",
+    metavar="PAIR|GGUF",
+    help="Also score every run's text under a model that took no part (a pair name means its target, e.g. "
+    "gemma3-270m when benchmarking smollm2-135m): the judge's PPL, and each variant against plain decoding "
+    "at equal judge PPL.",
+)
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(PRESETS)),
+    help="Settings that go together; options given beside it win. quality: --prompts quality-large (24 "
+    "open-ended chat prompts) --repeats 4 --max-tokens 128 --ar-temperatures 1,0.8,0.6,0.4.",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
 @click.option(
     "--llama-cpp-bin",
@@ -122,6 +150,8 @@ def bench(
     variant_specs: tuple[str, ...],
     prompts_file: Optional[str],
     repeats: int,
+    judge_ref: Optional[str],
+    preset: Optional[str],
     out_dir: str,
     llama_cpp_bin: Optional[str],
     sweep: bool,
@@ -136,6 +166,14 @@ def bench(
     if curve_dirs:
         _curve(curve_dirs, Path(out_dir))
         return
+    if preset:
+        ctx = click.get_current_context()
+        given = {k for k in PRESETS[preset] if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}
+        settings = preset_settings(preset, given)
+        prompts_file = settings.get("prompts_file", prompts_file)
+        repeats = settings.get("repeats", repeats)
+        ar_temperatures = settings.get("ar_temperatures", ar_temperatures)
+        sampling["max_tokens"] = settings.get("max_tokens", sampling["max_tokens"])
     chosen = _methods(methods)
     base = decode_config(method="mtad", **{**sampling, "seed": sampling["seed"] or 0})  # reproducible by default
     gamma_values = _option_list(gammas, "gamma", "--gammas")
@@ -149,6 +187,7 @@ def bench(
     cfg = BenchConfig(variants=tuple(variants), repeats=repeats, decode=base)
     points = sweep_settings(base, _floats(sweep_thresholds), _ints(sweep_gammas), _ints(sweep_widths)) if sweep else []
     prompts = load_prompts(prompts_file)
+    judge_pair = judging.locate(judge_ref, _say) if judge_ref else None  # a bad --judge fails before any loading
     threads = model.options.threads or default_threads()
     model = replace(model, options=replace(model.options, threads=threads))
     room = variant_capacity(base, variants)
@@ -160,19 +199,25 @@ def bench(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
-    with (
-        model.engine(base, engine_methods, capacity) as engine,
-        click.progressbar(length=total, label="bench", file=sys.stderr) as bar,
-    ):
-        rows = run_bench(engine, prompts, cfg, bar.update)
+    with model.engine(base, engine_methods, capacity) as engine, contextlib.ExitStack() as stack:
+        rendered = [render(engine, item) for item in prompts]
+        paths, learned, n_params = engine.pair, engine.learned, engine.n_params
+        judge = None
+        if judge_pair is not None:
+            judge = stack.enter_context(
+                judging.Judge.open(judge_pair, judging.context_for(prompts, rendered, base.max_tokens), model.options)
+            )
+            if judging.same_file(Path(str(judge_pair.target)), paths.target):
+                _say(f"bench: the judge {judge_ref} is the target itself: its PPL is not independent")
+        bar = stack.enter_context(click.progressbar(length=total, label="bench", file=sys.stderr))
+        rows = run_bench(engine, prompts, cfg, bar.update, judge)
         sweep_rows = []
         for p in points:
             one = BenchConfig.of_methods(("mtad",), repeats=1, decode=replace(base, **p))
-            agg = aggregate(run_bench(engine, prompts, one, bar.update))["mtad"]
-            keys = ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl", "distinct_2", "rep_4")
+            agg = aggregate(run_bench(engine, prompts, one, bar.update, judge))["mtad"]
+            keys = ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl", "judge_ppl", "distinct_2", "rep_4")
             sweep_rows.append({**p, **{k: agg.get(k) for k in keys}})
-        rendered = [render(engine, item) for item in prompts]
-        paths, learned, n_params = engine.pair, engine.learned, engine.n_params
+        judge_info = judging.describe(judge, judge_ref or "", paths.target)
     agg = aggregate(rows, {v.label: v for v in variants})
     results = {
         "schema": 1,
@@ -201,6 +246,8 @@ def bench(
             "seed": base.seed,
             "threads": threads,
             "prompts_file": prompts_file or "default",
+            "preset": preset,
+            "judge": judge_info,
         },
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_threads_used": threads},
         "variants": [_variant_json(v) for v in variants],
@@ -209,6 +256,7 @@ def bench(
         "projection": projection(agg) or None,
         "paired": paired(rows) or None,
         "frontier": frontier(agg) or None,
+        "resolution": resolution(agg) or None,
         "native": _native(llama_cpp_bin, paths, rendered, base, threads) if llama_cpp_bin else None,
         "sweep": sweep_rows or None,
         "learned_costs": _learned_costs(learned),
@@ -246,6 +294,10 @@ def _curve(dirs: tuple[str, ...], out: Path) -> None:
     png = report.plot_sizes(out, runs)
     click.echo(md)
     click.echo(f"wrote {out / 'sizes.md'}" + (f", {png}" if png else ""), err=True)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
 
 
 def _variant_json(v: Variant) -> dict[str, Any]:
