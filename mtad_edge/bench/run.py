@@ -40,7 +40,14 @@ class BenchConfig:
 # set the quality frontier is measured on (8 prompts where diversity and repetition show) and a
 # larger one of 24 open-ended chat prompts (advice, explanations, stories, descriptions, opinions,
 # instructions) for the quality preset.
-PROMPT_SETS = {"default": "prompts.jsonl", "quality": "quality.jsonl", "quality-large": "quality-large.jsonl"}
+# The input-grounded set (grounded): rewrite, summarise with quotes, edit code, with the source in
+# the prompt, where an answer copies its input and prompt lookup drafts for free.
+PROMPT_SETS = {
+    "default": "prompts.jsonl",
+    "quality": "quality.jsonl",
+    "quality-large": "quality-large.jsonl",
+    "grounded": "grounded.jsonl",
+}
 
 # `bench --preset NAME`: settings that go together; an option given on the command line wins.
 # quality: enough prompt-runs to tell quality gaps from noise (24 prompts x 4 seeds = 96 runs per

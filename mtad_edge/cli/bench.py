@@ -104,8 +104,9 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     "prompts_file",
     type=click.Path(dir_okay=False),
     help="JSONL with 'prompt' or 'messages' per line, or a built-in set: 'default' (chat, code, explanation, "
-    "story), 'quality' (8 open-ended prompts, for the quality frontier) or 'quality-large' (24 open-ended "
-    "chat prompts: advice, explanations, stories, descriptions, opinions, instructions).",
+    "story), 'quality' (8 open-ended prompts, for the quality frontier), 'quality-large' (24 open-ended "
+    "chat prompts: advice, explanations, stories, descriptions, opinions, instructions) or 'grounded' (8 "
+    "rewrite, summarise and code-edit prompts with their source in the prompt, where prompt lookup pays).",
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
