@@ -47,3 +47,67 @@ def test_real_templates_still_render_in_the_sandbox():
         "{{ ns.n }}{{ messages | length }}{{ {'a': 1} | tojson }}"
     )
     assert render(hf_style, msgs) == 'SYSTEM:Be brief.|USER:Hi22{"a": 1}'
+
+
+# -- 3. stop strings: linear matching, bounded size -----------------------------------------------
+def reference_stop_text(stops, pieces):
+    """c22a670's StopText, the behaviour to keep (quadratic in a stop string's length)."""
+    stops, buf, outs = [s for s in stops if s], "", []
+    for piece in pieces:
+        buf += piece
+        hits = [i for i in (buf.find(s) for s in stops) if i >= 0]
+        if hits:
+            outs.append((buf[: min(hits)], True))
+            return outs, ""
+        hold = max((k for s in stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        outs.append((buf[: len(buf) - hold], False))
+        buf = buf[len(buf) - hold :]
+    return outs, buf
+
+
+def test_stop_text_matches_as_before_on_random_text():
+    import random
+
+    from mtad_edge.textstream import StopText
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        word = lambda n: "".join(rng.choice("ab") for _ in range(n))  # noqa: E731
+        stops = [word(rng.randint(0, 5)) for _ in range(rng.randint(0, 4))]
+        pieces = [word(rng.randint(0, 4)) for _ in range(rng.randint(1, 8))]
+        s = StopText(stops)
+        outs = []
+        for p in pieces:
+            outs.append(s.push(p))
+            if outs[-1][1]:
+                break
+        assert (outs, s.flush()) == reference_stop_text(stops, pieces), (stops, pieces)
+
+
+def test_long_stop_strings_cost_linear_time():
+    """Four 3000-character stop strings that the text keeps almost matching: c22a670 sliced every
+    prefix of each at every push (seconds here, 43 s at 250 kB); now each character is read once."""
+    import time
+
+    from mtad_edge.textstream import StopText
+
+    stops = ["a" * 2999 + c for c in "bcde"]
+    s, start = StopText(stops), time.perf_counter()
+    emitted = "".join(s.push("a" * 7)[0] for _ in range(600))
+    assert time.perf_counter() - start < 2.0
+    assert emitted == "a" * (600 * 7 - 2999)  # the tail that may still become a stop string is held
+
+
+def test_stop_strings_are_bounded_in_number_and_size_with_a_short_error():
+    from mtad_edge.runtime.errors import OptionError
+    from mtad_edge.runtime.options import STOP_CHARS_MAX, check
+
+    assert check("stop", ["x" * STOP_CHARS_MAX]) == ["x" * STOP_CHARS_MAX]
+    for bad in (["a" * 250_000] * 4, ["x" * (STOP_CHARS_MAX + 1)], ["a"] * 5, "z" * 450_000):
+        with pytest.raises(OptionError) as e:
+            check("stop", bad)
+        message = str(e.value)
+        assert e.value.param == "stop" and len(message) < 300 and "\n" not in message, message
+        assert f"{STOP_CHARS_MAX} characters in all" in message
+    with pytest.raises(OptionError, match=r"\(4 items, 1000000 characters of text\)"):
+        check("stop", ["a" * 250_000] * 4)
