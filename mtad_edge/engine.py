@@ -27,7 +27,7 @@ from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
-from mtad_edge.runtime.errors import OptionError
+from mtad_edge.runtime.errors import OptionError, quoted
 from mtad_edge.runtime.options import AUTO_WIDTH_MAX, check
 from mtad_edge.textstream import StopText, TextStream
 
@@ -130,7 +130,7 @@ def _check_text(text: Any, param: str, what: Optional[str] = None) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        bad = text[e.start : e.end]
+        bad = text[e.start : min(e.end, e.start + 16)]  # the first few: a message is one short line
         try:
             shown = repr(bad.encode("utf-8", "surrogateescape"))  # the bytes a command line had
         except UnicodeEncodeError:
@@ -229,7 +229,7 @@ class Engine:
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
-            raise OptionError(f"logprobs must be an integer >= 0, got {logprobs!r}", "logprobs")
+            raise OptionError(f"logprobs must be an integer >= 0, got {quoted(logprobs)}", "logprobs")
         seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
         model = self.learned if learned_costs or not seeded else self.calibrated
         ids = models.target.tokenize(prompt)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from mtad_edge.pairs import home, sha256_file
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, quoted
 
 PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when a reference names no file
@@ -70,7 +70,7 @@ def parse(ref: str) -> HubRef:
     """``hf:OWNER/REPO[@REV][/FILE.gguf | :QUANT]`` -> HubRef (bad syntax is a one-line error)."""
     m = _REF.match(ref[len(PREFIX) :] if is_ref(ref) else "")
     if not m or (m["file"] and not m["file"].lower().endswith(".gguf")):
-        raise MtadEdgeError(f"{ref!r} is not a hub reference: use hf:OWNER/REPO/FILE.gguf or hf:OWNER/REPO:QUANT")
+        raise MtadEdgeError(f"{quoted(ref)} is not a hub reference: use hf:OWNER/REPO/FILE.gguf or hf:OWNER/REPO:QUANT")
     return HubRef(m["repo"], m["file"], m["quant"].upper() if m["quant"] else None, m["rev"] or "main")
 
 
@@ -79,7 +79,7 @@ def from_spec(spec: Union[str, dict]) -> HubRef:
     if isinstance(spec, str):
         return parse(spec)
     if not isinstance(spec, dict) or not spec.get("repo") or not (spec.get("file") or spec.get("quant")):
-        raise MtadEdgeError(f"a manifest's hub entry needs repo and file (or quant), got {spec!r}")
+        raise MtadEdgeError(f"a manifest's hub entry needs repo and file (or quant), got {quoted(spec)}")
     sha = spec.get("sha256")
     if sha is not None and not _SHA256.match(str(sha)):
         raise MtadEdgeError(f"hub entry for {spec['repo']}: sha256 must be 64 lowercase hex digits")
@@ -362,7 +362,7 @@ def _call(ref: HubRef, fn, transfer: bool = False):
             f"(or it is private{'' if _has_token() else ': set HF_TOKEN'})"
         ) from None
     except errors.RevisionNotFoundError:
-        raise MtadEdgeError(f"{ref}: {ref.repo} has no revision {ref.revision!r}") from None
+        raise MtadEdgeError(f"{ref}: {ref.repo} has no revision {quoted(ref.revision)}") from None
     except errors.EntryNotFoundError:
         raise MtadEdgeError(f"{ref}: {ref.repo} has no file {ref.file}") from None
     except errors.HfHubHTTPError as e:

@@ -16,7 +16,7 @@ from mtad_edge.pairs import Pair, home
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Backend
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, quoted
 from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
@@ -37,12 +37,12 @@ class ModelOptions:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise MtadEdgeError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+            raise MtadEdgeError(f"unknown backend {quoted(self.backend)} (choose from {', '.join(BACKENDS)})")
         if self.provider not in PROVIDERS:
-            raise MtadEdgeError(f"unknown provider {self.provider!r} (choose from {', '.join(PROVIDERS)})")
+            raise MtadEdgeError(f"unknown provider {quoted(self.provider)} (choose from {', '.join(PROVIDERS)})")
         if self.vocab_mismatch not in MISMATCH_MODES:
             raise MtadEdgeError(
-                f"unknown vocab_mismatch {self.vocab_mismatch!r} (choose from {', '.join(MISMATCH_MODES)})"
+                f"unknown vocab_mismatch {quoted(self.vocab_mismatch)} (choose from {', '.join(MISMATCH_MODES)})"
             )
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from mtad_edge.models import MANIFEST_DIR
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, quoted
 
 DEFAULT_PAIR = "smollm2-135m"
 HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
@@ -96,11 +96,11 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
         p = MANIFEST_DIR / f"{name_or_path}.json"
     elif str(name_or_path) in hub_pair_names():
         p, builtin = HUB_PAIRS_DIR / f"{name_or_path}.json", True
-    elif p.is_dir():
+    elif _is(p, Path.is_dir):
         p = p / "manifest.json"
-    if not p.is_file():
+    if not _is(p, Path.is_file):
         known = ", ".join(builtin_names() + hub_pair_names())
-        raise MtadEdgeError(f"unknown pair {str(name_or_path)!r}: not one of {known} and no manifest file there")
+        raise MtadEdgeError(f"unknown pair {quoted(str(name_or_path))}: not one of {known} and no manifest file there")
     try:
         data = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -109,6 +109,14 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
     if missing or data.get("schema") != 1:
         raise MtadEdgeError(f"{p} is not a schema-1 mtad-edge manifest (missing {', '.join(missing) or 'schema 1'})")
     return Manifest(data, p.resolve(), builtin)
+
+
+def _is(p: Path, test: Callable[[Path], bool]) -> bool:
+    """``test(p)``, False for a name the OS refuses (too long, ...) rather than an OSError."""
+    try:
+        return test(p)
+    except (OSError, ValueError):
+        return False
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -224,7 +232,7 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
     if ftype.upper() == "F32":
         code = llama_cpp.LLAMA_FTYPE_ALL_F32
     if code is None:
-        raise MtadEdgeError(f"unknown llama.cpp quantization type {ftype!r}")
+        raise MtadEdgeError(f"unknown llama.cpp quantization type {quoted(ftype)}")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = code
     params.allow_requantize = True

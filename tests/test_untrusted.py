@@ -4,6 +4,8 @@ in a few words. (The server's limits, against a real `mtad-edge serve`: test_ser
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mtad_edge.runtime.errors import ModelLoadError
@@ -111,3 +113,29 @@ def test_stop_strings_are_bounded_in_number_and_size_with_a_short_error():
         assert f"{STOP_CHARS_MAX} characters in all" in message
     with pytest.raises(OptionError, match=r"\(4 items, 1000000 characters of text\)"):
         check("stop", ["a" * 250_000] * 4)
+
+
+# -- 10. an error quotes a bad value in a few words, with its length -----------------------------
+def test_errors_quote_a_long_bad_value_as_a_prefix_and_its_length():
+    from mtad_edge import hub, pairs
+    from mtad_edge.runtime.errors import MtadEdgeError, quoted
+    from mtad_edge.server import protocol as P
+
+    big = "x" * 450_000
+    assert quoted(big) == "'" + "x" * 60 + "... (450000 characters)"
+    nested: list = []
+    for _ in range(100_000):
+        nested = [nested]
+    assert len(quoted(nested)) < 100  # no RecursionError, no megabytes
+    errors = []
+    for body in ({"prompt": "hi", big: 1}, {"prompt": "hi", "model": big}, {"prompt": "hi", "stream": big}):
+        with pytest.raises(P.BadRequest) as e:
+            P.parse(body, "text", "m")
+        errors.append(e.value)
+        assert len(e.value.param or "") < 100
+    for call in (lambda: hub.parse("hf:" + big), lambda: pairs.load_manifest(big)):
+        with pytest.raises(MtadEdgeError) as e:
+            call()
+        errors.append(e.value)
+    for e in errors:
+        assert len(str(e)) < 300 and re.search(r"45000\d characters", str(e)), str(e)[:400]
