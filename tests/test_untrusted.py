@@ -139,3 +139,58 @@ def test_errors_quote_a_long_bad_value_as_a_prefix_and_its_length():
         errors.append(e.value)
     for e in errors:
         assert len(str(e)) < 300 and re.search(r"45000\d characters", str(e)), str(e)[:400]
+
+
+# -- 9. a hub reference never names a file outside the hub cache --------------------------------
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "hf:a/b/../../../../x.gguf",
+        "hf:a/b/dir/../../x.gguf",
+        "hf:../b/x.gguf",
+        "hf:a/..@main/x.gguf",
+        "hf:a/b@../x.gguf",
+        "hf:a/b@..:Q4_K_M",
+        "hf:a/b//etc/x.gguf",
+        "hf:a/b/./x.gguf",
+        "hf:a/b/dir\\..\\x.gguf",
+    ],
+)
+def test_a_hub_reference_with_dot_dot_or_an_absolute_part_is_refused(ref):
+    from mtad_edge import hub
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    with pytest.raises(MtadEdgeError, match="refused|is not a hub reference"):
+        hub.parse(ref)
+
+
+def test_a_hub_entry_with_dot_dot_is_refused_and_plain_ones_still_parse():
+    from mtad_edge import hub
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    for spec in (
+        {"repo": "a/b", "file": "../x.gguf"},
+        {"repo": "a/b", "file": "/etc/x.gguf"},
+        {"repo": "a/b", "file": "x.gguf", "revision": ".."},
+        {"repo": "a/b/c", "file": "x.gguf"},
+    ):
+        with pytest.raises(MtadEdgeError, match="refused"):
+            hub.from_spec(spec)
+    assert hub.parse("hf:a/b/dir/x-Q4_K_M.gguf").file == "dir/x-Q4_K_M.gguf"
+    assert hub.parse("hf:a/b@v1.0:q8_0").quant == "Q8_0"
+    assert hub.from_spec({"repo": "a/b", "file": "d/x.gguf", "revision": "refs/pr/1"}).revision == "refs/pr/1"
+
+
+def test_a_dot_dot_reference_never_loads_the_local_file_it_points_at(tmp_path, monkeypatch):
+    """The probe: hf:a/b/../../../../x.gguf resolved outside the hub cache and loaded an unhashed file."""
+    from mtad_edge import hub
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--a--b" / "snapshots" / "main"
+    snapshot.mkdir(parents=True)
+    (tmp_path / "x.gguf").write_bytes(b"GGUF planted")  # what ../../../../x.gguf reaches from the snapshot
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(MtadEdgeError):
+        hub.fetch("hf:a/b/../../../../x.gguf")
