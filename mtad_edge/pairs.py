@@ -25,10 +25,11 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from mtad_edge.models import MANIFEST_DIR
@@ -102,13 +103,102 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
         known = ", ".join(builtin_names() + hub_pair_names())
         raise MtadEdgeError(f"unknown pair {quoted(str(name_or_path))}: not one of {known} and no manifest file there")
     try:
+        if p.stat().st_size > MANIFEST_MAX:
+            raise MtadEdgeError(f"{p} is not a manifest: {p.stat().st_size} bytes, over {MANIFEST_MAX}")
         data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise MtadEdgeError(f"cannot read manifest {p}: {e}") from None
-    missing = [k for k in ("schema", "name", "target", "aux") if k not in data]
+    except (OSError, ValueError, RecursionError) as e:  # unreadable, not UTF-8, not JSON, nested too deep
+        raise MtadEdgeError(f"cannot read manifest {p}: {quoted(str(e), bare=True)}") from None
+    missing = [k for k in ("schema", "name", "target", "aux") if not isinstance(data, dict) or k not in data]
     if missing or data.get("schema") != 1:
         raise MtadEdgeError(f"{p} is not a schema-1 mtad-edge manifest (missing {', '.join(missing) or 'schema 1'})")
+    check_manifest(data, p, builtin)
     return Manifest(data, p.resolve(), builtin)
+
+
+# -- the manifest's schema: every field a command reads, checked when the manifest is loaded ----------
+MANIFEST_MAX = 1 << 20  # bytes: a manifest names a few files; a bigger one is not a manifest
+CONTEXT_SIZE_MAX = 2**31 - 1  # llama.cpp's n_ctx is 32-bit; the model's trained context bounds it at load
+SOURCE_KINDS = ("pypi-file", "pypi-assemble", "local", "hf")
+TEMPLATE_SOURCES = ("gguf", "builtin", "tokenizer_config")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_manifest(data: dict, p: Path, builtin: bool) -> None:
+    """The whole manifest against schema 1, before anything is read or derived: a bad field is one
+    line naming it (``target.file must be ..., got 3``), never a traceback later."""
+
+    def need(ok: bool, field: str, want: str, value: object) -> None:
+        if not ok:
+            raise MtadEdgeError(f"{p}: {field} must be {want}, got {quoted(value)}")
+
+    def text(obj: dict, field: str, prefix: str = "") -> None:
+        value = obj.get(field)
+        need(isinstance(value, str) and value != "", prefix + field, "a non-empty string", value)
+
+    def relative(obj: dict, field: str, prefix: str) -> None:
+        text(obj, field, prefix)
+        parts = PurePosixPath(obj[field].replace("\\", "/")).parts
+        ok = not obj[field].startswith(("/", "\\")) and ":" not in obj[field] and ".." not in parts
+        need(ok, prefix + field, "a path inside the manifest's folder (no '..', not absolute)", obj[field])
+
+    def sha(obj: dict, prefix: str) -> None:
+        value = obj.get("sha256")
+        need(
+            value is None or (isinstance(value, str) and bool(_HEX64.match(value))),
+            prefix + "sha256",
+            "64 lowercase hex digits",
+            value,
+        )
+
+    name = data.get("name")
+    ok = isinstance(name, str) and 0 < len(name) <= 200 and not set(name) & set("/\\\0") and name not in (".", "..")
+    need(ok, "name", "a name of at most 200 characters, without '/' or '\\'", name)
+    for field in ("description", "architecture"):
+        need(data.get(field) is None or isinstance(data[field], str), field, "a string", data.get(field))
+    for field, hi in (("context_size", CONTEXT_SIZE_MAX), ("vocab_size", CONTEXT_SIZE_MAX)):
+        value = data.get(field)
+        ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi)
+        need(ok, field, f"an integer in 1..{hi}", value)
+    template = data.get("chat_template")
+    need(template is None or isinstance(template, dict), "chat_template", "an object", template)
+    if template:
+        need(
+            template.get("source") in TEMPLATE_SOURCES,
+            "chat_template.source",
+            " or ".join(TEMPLATE_SOURCES),
+            template.get("source"),
+        )
+        if template["source"] == "builtin":
+            text(template, "name", "chat_template.")
+    source = data.get("source")
+    need(source is None or isinstance(source, dict), "source", "an object", source)
+    if source is not None:
+        need(source.get("kind") in SOURCE_KINDS, "source.kind", " or ".join(SOURCE_KINDS), source.get("kind"))
+        if source["kind"] in ("pypi-file", "pypi-assemble"):
+            for field in ("package", "module"):
+                text(source, field, "source.")
+        if source["kind"] != "hf":
+            relative(source, "file", "source.")
+            sha(source, "source.")
+    for role in ("target", "aux"):
+        spec = data[role]
+        need(isinstance(spec, dict), role, "an object (with file, or hub)", spec)
+        if spec.get("hub") is not None:
+            from mtad_edge import hub  # imports this module: late
+
+            try:
+                hub.from_spec(spec["hub"])  # its own checks: '..' in a path, a bad sha256, ...
+            except MtadEdgeError as e:
+                raise MtadEdgeError(f"{p}: {role}.hub: {e}") from None
+            continue
+        relative(spec, "file", f"{role}.")
+        sha(spec, f"{role}.")
+        derive = spec.get("derive")
+        need(derive is None or isinstance(derive, dict), f"{role}.derive", "an object or null", derive)
+        if builtin:
+            need(source is not None, "source", "an object (where the weights come from)", source)
+            if derive:
+                text(derive, "ftype", f"{role}.derive.")
 
 
 def _is(p: Path, test: Callable[[Path], bool]) -> bool:

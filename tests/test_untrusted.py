@@ -141,6 +141,70 @@ def test_errors_quote_a_long_bad_value_as_a_prefix_and_its_length():
         assert len(str(e)) < 300 and re.search(r"45000\d characters", str(e)), str(e)[:400]
 
 
+# -- 8. a manifest is checked whole when it is loaded: one line naming the bad field ----------------
+GOOD = {
+    "schema": 1,
+    "name": "mine",
+    "context_size": 512,
+    "target": {"file": "t.gguf", "sha256": "a" * 64},
+    "aux": {"file": "sub/a.gguf", "derive": None},
+}
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        (None, "missing schema, name, target, aux"),  # the manifest is JSON null
+        ({"target": 3}, "target must be an object"),
+        ({"aux": "a.gguf"}, "aux must be an object"),
+        ({"context_size": "2048"}, "context_size must be an integer"),
+        ({"context_size": -1}, "context_size must be an integer"),
+        ({"context_size": 1e20}, "context_size must be an integer"),
+        ({"context_size": True}, "context_size must be an integer"),
+        ({"name": 7}, "name must be"),
+        ({"name": "../x"}, "name must be"),
+        ({"target": {"file": 3}}, "target.file must be a non-empty string"),
+        ({"target": {"file": "../../etc/x.gguf"}}, "target.file must be a path inside"),
+        ({"aux": {"file": "/etc/x.gguf"}}, "aux.file must be a path inside"),
+        ({"target": {"file": "t.gguf", "sha256": "abc"}}, "target.sha256 must be 64 lowercase hex"),
+        ({"target": {"file": "t.gguf", "derive": "Q4_0"}}, "target.derive must be an object"),
+        ({"chat_template": "gemma"}, "chat_template must be an object"),
+        ({"chat_template": {"source": "jinja"}}, "chat_template.source must be"),
+        ({"chat_template": {"source": "builtin"}}, "chat_template.name must be"),
+        ({"source": {"kind": "ftp"}}, "source.kind must be"),
+        ({"aux": {"hub": {"repo": "a/b", "file": "../../x.gguf"}}}, "aux.hub: hub reference refused"),
+        ({"aux": {"hub": "hf:a/b/../../../../x.gguf"}}, "aux.hub: hub reference refused"),
+        ({"aux": {"hub": {"repo": "a/b", "file": 5}}}, "file must be a string"),
+    ],
+)
+def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path, change, field):
+    import json
+
+    from mtad_edge import pairs
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    data = None if change is None else {**GOOD, **change}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(MtadEdgeError) as e:
+        pairs.load_manifest(tmp_path)
+    assert field in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_good_manifest_and_the_packaged_ones_pass_the_schema(tmp_path):
+    import json
+
+    from mtad_edge import pairs
+
+    (tmp_path / "manifest.json").write_text(json.dumps(GOOD))
+    assert pairs.load_manifest(tmp_path).context_size == 512
+    for name in pairs.builtin_names() + pairs.hub_pair_names():
+        pairs.load_manifest(name)
+    for junk in (b"\xff\xfe binary", b"[" * 100_000, b"{}" + b" " * (pairs.MANIFEST_MAX + 1)):
+        (tmp_path / "manifest.json").write_bytes(junk)
+        with pytest.raises(pairs.MtadEdgeError):
+            pairs.load_manifest(tmp_path)
+
+
 # -- 9. a hub reference never names a file outside the hub cache --------------------------------
 @pytest.mark.parametrize(
     "ref",
