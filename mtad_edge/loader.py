@@ -53,15 +53,24 @@ def _backend_for(path: Path, requested: str) -> str:
     return kind
 
 
-def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True) -> Backend:
+def load_backend(
+    path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True, positions: Optional[int] = None
+) -> Backend:
     """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX. ``spin``:
-    ONNX Runtime's idle threads may spin-wait (only for a model loaded alone, see OrtConfig.spin)."""
+    ONNX Runtime's idle threads may spin-wait (only for a model loaded alone, see OrtConfig.spin).
+    ``positions``: the committed tokens of ``n_ctx``, bounded by the model's trained context."""
     if _backend_for(path, opts.backend) == "onnx":
         from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
-        return OrtBackend(
-            path, OrtConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.threads, provider=opts.provider, spin=spin)
+        cfg = OrtConfig(
+            n_ctx=n_ctx,
+            n_seq_max=n_seq_max,
+            n_threads=opts.threads,
+            provider=opts.provider,
+            spin=spin,
+            positions=positions,
         )
+        return OrtBackend(path, cfg)
     from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
     return LlamaCppBackend(
@@ -72,6 +81,7 @@ def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spi
             n_threads=opts.threads,
             n_gpu_layers=_gpu_layers(opts.n_gpu_layers),
             flash_attn=opts.flash_attn,
+            positions=positions,
         ),
     )
 
@@ -165,11 +175,13 @@ def open_pair(
         raise MtadEdgeError(f"method {drafting[0]} needs an auxiliary model: give --aux (or use --method ar)")
     layout = reduce(lambda a, b: a.union(b), (m.layout(gamma, width) for m in chosen))
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
-    target = load_backend(Path(target_path), n_ctx + layout.target_cells, layout.target_seqs, opts, spin=not drafting)
+    target = load_backend(
+        Path(target_path), n_ctx + layout.target_cells, layout.target_seqs, opts, spin=not drafting, positions=n_ctx
+    )
     if aux_path is None or not drafting:
         return LoadedPair(target, None, pair)
     try:
-        aux = load_backend(Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, opts, spin=False)
+        aux = load_backend(Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, opts, spin=False, positions=n_ctx)
     except BaseException:
         target.close()
         raise

@@ -160,6 +160,7 @@ GOOD = {
         ({"context_size": "2048"}, "context_size must be an integer"),
         ({"context_size": -1}, "context_size must be an integer"),
         ({"context_size": 1e20}, "context_size must be an integer"),
+        ({"context_size": 10**20}, "context_size must be an integer in 1..2147483647"),
         ({"context_size": True}, "context_size must be an integer"),
         ({"name": 7}, "name must be"),
         ({"name": "../x"}, "name must be"),
@@ -258,3 +259,29 @@ def test_a_dot_dot_reference_never_loads_the_local_file_it_points_at(tmp_path, m
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(MtadEdgeError):
         hub.fetch("hf:a/b/../../../../x.gguf")
+
+
+# -- 2. the context is bounded by the model's trained context and by memory ------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("n_ctx", [2**32, 8193])
+def test_a_context_longer_than_the_model_was_trained_for_is_refused(smol_files, n_ctx):
+    """--ctx-size 4294967296 wrapped at 2^32 and ran with a context of 198; 1e20 allocated until the
+    kernel killed the process. (SmolLM2-135M was trained for 8192.)"""
+    from mtad_edge.loader import ModelOptions, open_pair
+    from mtad_edge.pairs import Pair
+
+    with pytest.raises(ModelLoadError, match=r"longer than smollm2-135m-instruct-F16.gguf was trained for \(8192\)"):
+        open_pair(Pair(smol_files.target, None), ["ar"], 1, 1, ModelOptions(n_ctx=n_ctx, threads=2)).close()
+    with open_pair(Pair(smol_files.target, None), ["ar"], 1, 1, ModelOptions(n_ctx=8192, threads=2)) as models:
+        assert models.target.n_ctx >= 8192
+
+
+@pytest.mark.slow
+def test_a_context_the_memory_cannot_hold_is_refused(smol_files, monkeypatch):
+    from mtad_edge.loader import ModelOptions, open_pair
+    from mtad_edge.pairs import Pair
+    from mtad_edge.runtime import llama_cpp_backend
+
+    monkeypatch.setattr(llama_cpp_backend, "_physical_memory", lambda: 64 << 20)  # a 64 MiB machine
+    with pytest.raises(ModelLoadError, match=r"needs about .* GiB of KV cache.*about \d+ fits"):
+        open_pair(Pair(smol_files.target, None), ["ar"], 1, 1, ModelOptions(n_ctx=8192, n_gpu_layers=0)).close()
