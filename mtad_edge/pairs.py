@@ -78,6 +78,8 @@ class Pair:
     target: Optional[Path]  # None only while a command is checking its --target/--aux
     aux: Optional[Path]  # None: a target alone (method ar)
     manifest: Optional[Manifest] = None
+    # prepare(verify=True): the files whose sha256 was not checked against the manifest's, each with why
+    unverified: tuple[str, ...] = ()
 
 
 def builtin_names() -> list[str]:
@@ -343,23 +345,53 @@ def prepare(m: Manifest, say: Progress = lambda s: None, verify: bool = False) -
     sha256 is recomputed too, and a file whose content changed is derived again.
     A manifest outside models/ (an export) names finished files beside it: they are only checked."""
     hub_roles = [r for r in ("target", "aux") if m.data[r].get("hub")]  # fetched last, into the hub's cache
+    # A hub file is checked against the manifest's sha256, else only against the hub's own hash.
+    unverified = [f"{r} (the manifest pins no sha256; the hub's was checked)" for r in hub_roles if not _hub_pin(m, r)]
     if not m.builtin:
         missing = [str(m.file(r)) for r in ("target", "aux") if r not in hub_roles and not m.file(r).is_file()]
         if missing:
             raise MtadEdgeError(f"{m.path}: missing model file(s) {', '.join(missing)}")
+        if verify:  # files we did not make: a file that is not the one the manifest pins is an error
+            for r in ("target", "aux"):
+                if r not in hub_roles:
+                    _check_pinned(m, r, m.file(r), None, unverified)
         target, aux = (_hub_file(m, r, say) if r in hub_roles else m.file(r) for r in ("target", "aux"))
-        return Pair(target, aux, m)
+        return Pair(target, aux, m, tuple(unverified) if verify else ())
     try:
-        paths = _prepare_builtin(m, say, verify, hub_roles)
+        paths = _prepare_builtin(m, say, verify, hub_roles, unverified)
     except OSError as e:  # anything else the cache refused, named with its folder
         raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {e}") from None
     paths.update({r: _hub_file(m, r, say) for r in hub_roles})
-    return Pair(paths["target"], paths["aux"], m)
+    return Pair(paths["target"], paths["aux"], m, tuple(unverified) if verify else ())
 
 
-def _prepare_builtin(m: Manifest, say: Progress, verify: bool, hub_roles: list[str]) -> dict[str, Path]:
+def _hub_pin(m: Manifest, role: str) -> bool:
+    spec = m.data[role]["hub"]
+    return isinstance(spec, dict) and bool(spec.get("sha256"))
+
+
+def _check_pinned(m: Manifest, role: str, path: Path, digest: Optional[str], unverified: list[str]) -> None:
+    """``path`` (sha256 ``digest`` if known) against the sha256 the manifest pins for ``role``: a
+    mismatch is an error (a file we did not make is not the one the manifest names); no pin is
+    noted in ``unverified``."""
+    pinned = m.data[role].get("sha256")
+    if not pinned:
+        unverified.append(f"{path.name} (the manifest pins no sha256)")
+        return
+    digest = digest or sha256_file(path)
+    if digest != pinned:
+        raise MtadEdgeError(
+            f"{path}: sha256 {digest[:12]}... is not the manifest's {pinned[:12]}... for the {role}: "
+            "not the file the manifest names (copy or download it again)"
+        )
+
+
+def _prepare_builtin(
+    m: Manifest, say: Progress, verify: bool, hub_roles: list[str], unverified: list[str]
+) -> dict[str, Path]:
     """The files of the roles not fetched from the hub, derived where needed (the cache folder
-    is created when something is written into it)."""
+    is created when something is written into it). With ``verify``, each file's sha256 is checked
+    against the manifest's; what could not be is added to ``unverified``."""
     paths = {}
     for role in ("target", "aux"):
         spec = m.data[role]
@@ -368,6 +400,8 @@ def _prepare_builtin(m: Manifest, say: Progress, verify: bool, hub_roles: list[s
         derive = spec.get("derive")
         if not derive:  # used as is: the source file itself
             paths[role] = _source_path(m, say, verify)
+            if verify:
+                _check_pinned(m, role, paths[role], _verified(paths[role]), unverified)
             continue
         dest = m.file(role)
         digest = _verified(dest, verify)
@@ -383,6 +417,9 @@ def _prepare_builtin(m: Manifest, say: Progress, verify: bool, hub_roles: list[s
                 f"warning: {dest.name} sha256 {digest[:12]}... differs from the manifest's "
                 f"{spec['sha256'][:12]}... (another llama.cpp build?); using it anyway"
             )
+            unverified.append(f"{dest.name} (derived here; its sha256 is not the manifest's)")
+        elif not spec.get("sha256"):
+            unverified.append(f"{dest.name} (the manifest pins no sha256)")
         paths[role] = dest
     return paths
 

@@ -203,6 +203,25 @@ class LlamaCppBackend:
         self._batch = _BatchBuffer(llama_cpp, self.n_batch, self.n_seq_max)
         self._history: dict[int, list[int]] = {}  # seq -> tokens by position, for the re-prefill fallback
         self.rollback_fallbacks = 0
+        try:
+            self._probe()
+        except BaseException:
+            self.close()
+            raise
+
+    def _probe(self) -> None:
+        """One token through the model before anyone drafts with it: a GGUF whose header is right
+        but whose weights are random bytes loads, then gives NaN logits (and the next decodes
+        crash), so non-finite logits are a load error here. The cache is cleared after."""
+        bos = self._lib.llama_vocab_bos(self._vocab)
+        logits = self.decode(Batch.run([bos if 0 <= bos < self.n_vocab else 0], 0))
+        finite = bool(np.isfinite(logits).all())
+        self.clear()
+        if not finite:
+            raise ModelLoadError(
+                f"{self.path} is not a usable model: its weights give non-finite logits (corrupt or not "
+                "model data); prepare or download it again"
+            )
 
     def _check_context(self, config: LlamaCppConfig) -> None:
         """Before llama.cpp allocates the KV cache: the context fits what the model was trained for

@@ -285,3 +285,65 @@ def test_a_context_the_memory_cannot_hold_is_refused(smol_files, monkeypatch):
     monkeypatch.setattr(llama_cpp_backend, "_physical_memory", lambda: 64 << 20)  # a 64 MiB machine
     with pytest.raises(ModelLoadError, match=r"needs about .* GiB of KV cache.*about \d+ fits"):
         open_pair(Pair(smol_files.target, None), ["ar"], 1, 1, ModelOptions(n_ctx=8192, n_gpu_layers=0)).close()
+
+
+# -- 7. `models prepare` says "sha256 verified" only when it checked; a file that is not a model is
+# one line where it is first read --------------------------------------------------------------------
+def local_pair(folder, target_sha=None, aux_sha=None, target=b"GGUF target", aux=b"GGUF aux"):
+    import json
+
+    (folder / "t.gguf").write_bytes(target)
+    (folder / "a.gguf").write_bytes(aux)
+    roles = {"target": {"file": "t.gguf"}, "aux": {"file": "a.gguf"}}
+    for role, sha in (("target", target_sha), ("aux", aux_sha)):
+        if sha:
+            roles[role]["sha256"] = sha
+    (folder / "manifest.json").write_text(json.dumps({"schema": 1, "name": "mine", **roles}))
+    return folder / "manifest.json"
+
+
+def test_models_prepare_says_verified_only_for_what_it_checked(tmp_path):
+    import hashlib
+
+    from click.testing import CliRunner
+
+    from mtad_edge.cli import cli
+
+    right = hashlib.sha256(b"GGUF target").hexdigest()
+    wrong = "1" * 64
+    r = CliRunner().invoke(cli, ["models", "prepare", str(local_pair(tmp_path, right, wrong))])
+    assert r.exit_code == 1 and "sha256" in r.output and "a.gguf" in r.output and "verified" not in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    r = CliRunner().invoke(cli, ["models", "prepare", str(local_pair(tmp_path, right, None))])
+    assert r.exit_code == 0 and "sha256 verified" not in r.output
+    assert "not verified: a.gguf (the manifest pins no sha256)" in r.output
+    aux = hashlib.sha256(b"GGUF aux").hexdigest()
+    r = CliRunner().invoke(cli, ["models", "prepare", str(local_pair(tmp_path, right, aux))])
+    assert r.exit_code == 0 and "ready (sha256 verified)" in r.output
+
+
+@pytest.mark.slow
+def test_a_gguf_whose_weights_are_random_bytes_is_a_one_line_load_error(smol_files, tmp_path):
+    """The probe's aux: a real GGUF header with random bytes for weights. It loads in llama.cpp, then
+    gave NaN logits (a numpy traceback in the drafter, or a segfault in the next decode)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = bytearray(smol_files.aux.read_bytes())
+    data[4_000_000:] = os.urandom(len(data) - 4_000_000)  # past the header and vocabulary: tensor data
+    manifest = local_pair(tmp_path, target=smol_files.target.read_bytes(), aux=bytes(data))
+    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
+    r = subprocess.run(
+        [exe, "generate", "--pair", str(manifest), "--max-tokens", "4", "--threads", "2", "--ctx-size", "256", "Hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.strip().splitlines() == [
+        f"Error: {tmp_path / 'a.gguf'} is not a usable model: "
+        + ("its weights give non-finite logits (corrupt or not model data); prepare or download it again")
+    ]
