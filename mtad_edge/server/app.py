@@ -72,12 +72,12 @@ class Runs:
 
 
 class Guard:
-    """API key and body size, checked before a route runs. A plain ASGI middleware (not
-    BaseHTTPMiddleware), so routes see the connection's own ``receive`` and notice a client
-    that disconnects."""
+    """API key and body size, checked before a route runs, and the body's size and pace while it
+    is read. A plain ASGI middleware (not BaseHTTPMiddleware), so routes see the connection's own
+    ``receive`` (wrapped by BodyLimit) and notice a client that disconnects."""
 
-    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body: int):
-        self.app, self.api_key, self.max_body = app, api_key, max_body
+    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body: int, read_timeout: float = 10.0):
+        self.app, self.api_key, self.max_body, self.read_timeout = app, api_key, max_body, read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -91,7 +91,35 @@ class Guard:
             if error is not None:
                 await _error(error)(scope, receive, send)
                 return
+            receive = BodyLimit(receive, self.max_body, self.read_timeout)
         await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """The connection's ``receive``, counting body bytes as they stream in: a body over
+    ``max_body`` is cut there (413) whether or not it said its Content-Length (a chunked 1 GB body
+    was read whole before the 413), and a body that sends nothing for ``timeout`` seconds is a 408.
+    Once the body is complete, messages pass through untouched."""
+
+    def __init__(self, receive: Receive, max_body: int, timeout: float):
+        self.receive, self.max_body, self.timeout = receive, max_body, timeout
+        self.size, self.done = 0, False
+
+    async def __call__(self) -> Any:
+        if self.done:
+            return await self.receive()
+        try:
+            message = await asyncio.wait_for(self.receive(), self.timeout)
+        except asyncio.TimeoutError:
+            raise P.BadRequest(f"request body stalled: nothing for {self.timeout:g} s", status=408) from None
+        if message["type"] == "http.request":
+            self.size += len(message.get("body", b""))
+            if self.size > self.max_body:
+                raise P.BadRequest(f"request body over {self.max_body} bytes", status=413)
+            self.done = not message.get("more_body", False)
+        else:
+            self.done = True  # http.disconnect
+        return message
 
 
 class GenerationStream(StreamingResponse):
@@ -110,11 +138,17 @@ class GenerationStream(StreamingResponse):
 
 
 def create_app(
-    engine: Engine, model_name: str, api_key: Optional[str] = None, queue_size: int = 8, max_body: int = 1 << 20
+    engine: Engine,
+    model_name: str,
+    api_key: Optional[str] = None,
+    queue_size: int = 8,
+    max_body: int = 1 << 20,
+    read_timeout: float = 10.0,
 ) -> FastAPI:
+    """``read_timeout``: the longest a request's body may pause between two pieces (408 after)."""
     app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None, openapi_url=None)
     runs = Runs(queue_size)
-    app.add_middleware(Guard, api_key=api_key, max_body=max_body)
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body, read_timeout=read_timeout)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404 / 405 as OpenAI errors
@@ -256,6 +290,8 @@ async def _json_body(request: Request, max_body: int) -> dict:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise P.BadRequest(f"invalid JSON body: {e}") from None
+    except RecursionError:  # the parser's own depth bound (100k brackets was a 500 with a traceback)
+        raise P.BadRequest("invalid JSON body: nested too deeply") from None
     if not isinstance(body, dict):
         raise P.BadRequest("the JSON body must be an object")
     return body
@@ -266,4 +302,6 @@ def _sse(obj: dict) -> str:
 
 
 def _error(e: P.BadRequest) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    # A body cut short (413) or stalled (408) leaves the rest unread: the connection is closed after.
+    close = {"connection": "close"} if e.status in (408, 413) else None
+    return JSONResponse(e.body(), status_code=e.status, headers=close)

@@ -159,14 +159,18 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     out = []
-    for m in msgs:
+    for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
             raise BadRequest("each message needs a role of system, user or assistant", "messages")
         content = m.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}] parts
+            if not content:
+                raise BadRequest(f"messages[{i}].content is an empty list: give a string or text parts", "messages")
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
                 raise BadRequest("only text content parts are supported", "messages")
-            content = "".join(str(p.get("text", "")) for p in content)
+            if not all(isinstance(p.get("text"), str) for p in content):
+                raise BadRequest(f"messages[{i}].content: each text part needs a string 'text'", "messages")
+            content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest("message content must be a string", "messages")
         out.append({"role": m["role"], "content": content})
