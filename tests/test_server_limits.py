@@ -1,6 +1,7 @@
 """Issue 27 against a real `mtad-edge serve` on loopback: one request never starves the server.
-Bodies are cut at --max-body as they stream in, and malformed requests are 400s, never 500s with
-a traceback."""
+Bodies are cut at --max-body as they stream in, half-sent and idle connections are closed after
+--header-timeout / --idle-timeout, connections over --max-connections are refused with a 503 and
+one log line, and malformed requests are 400s, never 500s with a traceback."""
 
 import http.client
 import json
@@ -16,6 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 MAX_BODY = 65536
+CAP = 20  # --max-connections
 
 
 def free_port() -> int:
@@ -47,7 +49,8 @@ def server(smol_files, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "stderr.txt"
     exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     args = ["serve", "--port", str(port), "--ctx-size", "256", "--threads", "2", "--max-tokens", "8"]
-    args += ["--queue-size", "2", "--max-body", str(MAX_BODY)]
+    args += ["--queue-size", "2", "--max-body", str(MAX_BODY), "--header-timeout", "1", "--idle-timeout", "1"]
+    args += ["--max-connections", str(CAP)]
     with log.open("w") as err:
         proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
     s = Server(port, proc, log)
@@ -99,6 +102,55 @@ def test_a_chunked_body_is_cut_at_max_body_as_it_streams_in(server):
     sock.close()
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
     assert b"request body over 65536 bytes" in reply
+
+
+def test_a_stalled_body_is_a_408_after_the_header_timeout(server):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f'{head}Content-Length: 100\r\n\r\n{{"messages"'.encode())  # 11 of 100 bytes
+    started = time.time()
+    reply = read_response(sock, timeout=10)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408") and time.time() - started < 5, reply[:200]
+
+
+# -- 5. half-sent and idle connections are closed; the connection count is capped ---------------------
+def test_idle_half_sent_requests_never_starve_the_server(server):
+    """c22a670: 1,100 idle half-sent requests exhausted the file descriptors, a normal request timed
+    out and the log grew by 128k tracebacks. Here 50 (with --max-connections 20, --header-timeout 1)."""
+    before = len(server.stderr().splitlines())
+    socks = []
+    for _ in range(50):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+        socks.append(s)
+    replies = [read_response(s, timeout=6) for s in socks]  # each: refused at once, or closed after 1 s
+    for s in socks:
+        s.close()
+    refused = [r for r in replies if r.startswith(b"HTTP/1.1 503")]
+    timed_out = [r for r in replies if r.startswith(b"HTTP/1.1 408")]
+    assert len(refused) + len(timed_out) == 50 and len(timed_out) <= CAP, [r[:40] for r in replies]
+    assert len(refused) >= 50 - CAP and b"--max-connections" in refused[0]
+    status, body = server.post({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert status == 200, body
+    log = server.stderr().splitlines()[before:]
+    assert "Traceback" not in "\n".join(log) and len(log) <= 3, log  # one line for the refusals
+
+
+def test_a_keep_alive_connection_left_idle_is_closed(server):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    started = time.time()
+    reply = read_response(sock, timeout=10)  # the answer, then the close after --idle-timeout 1
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 200") and time.time() - started < 5
+
+
+def test_a_connection_that_sends_nothing_is_closed_quietly(server):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    started = time.time()
+    assert read_response(sock, timeout=10) == b"" and time.time() - started < 5
+    sock.close()
 
 
 # -- 6, 11. malformed requests are 400s -------------------------------------------------------------
