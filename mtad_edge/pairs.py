@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -248,12 +251,63 @@ def _finish(tmp: Path, dest: Path) -> str:
         os.fsync(f.fileno())
     os.replace(tmp, dest)
     digest = sha256_file(dest)
-    _stamp(dest).write_text(f"{digest} {_stat_key(dest)}\n")
+    try:
+        _stamp(dest).write_text(f"{digest} {_stat_key(dest)}\n")
+    except OSError as e:  # an unstamped file is derived again at every run, and its bytes keep the disk full
+        _drop(dest)
+        _drop(_stamp(dest))
+        raise MtadEdgeError(f"cannot stamp {dest.name} in {dest.parent}: {_os_error(e)}; removed it") from None
     return digest
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError in words, naming a full disk as such."""
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device (ENOSPC): free some space and run the command again"
+    return f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+
+
+def _space_note(folder: Path, need: int) -> str:
+    """ENOSPC named when ``folder``'s free space is under ``need`` bytes (why a derivation failed)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free >= need:
+        return ""
+    return f" (the disk is likely full, ENOSPC: {free / 1e6:.0f} MB free in {folder}, up to {need / 1e6:.0f} MB needed)"
 
 
 def _tmp_name(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+
+
+# A temporary file of a process we cannot ask about (Windows: os.kill would end it) is stale after this.
+STALE_PARTIAL_S = 24 * 3600
+
+
+def _sweep_partials(folder: Path) -> None:
+    """Remove the temporary files of derivations that died (kill -9, a power cut): their process
+    is gone. Files of live processes, ours included, are kept."""
+    for tmp in folder.glob(".*.partial-*"):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid), tmp):
+            continue
+        _drop(tmp)
+
+
+def _alive(pid: int, tmp: Path) -> bool:
+    if os.name == "nt":
+        with contextlib.suppress(OSError):
+            return time.time() - tmp.stat().st_mtime < STALE_PARTIAL_S
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, say: alive
+        return True
+    return True
 
 
 def _drop(tmp: Path) -> None:
@@ -268,6 +322,7 @@ def _writable(folder: Path) -> None:
     whose own failure would say less)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        _sweep_partials(folder)
         probe = _tmp_name(folder / "write-test")
         probe.touch()
         probe.unlink()
@@ -333,7 +388,8 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
     try:
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0 or not tmp.is_file():
-            raise MtadEdgeError(f"llama_model_quantize {src.name} -> {ftype} failed (code {rc})")
+            note = _space_note(dest.parent, src.stat().st_size * 4)  # F16 from a 4-bit file: up to ~4x
+            raise MtadEdgeError(f"llama_model_quantize {src.name} -> {ftype} failed (code {rc}){note}")
         return _finish(tmp, dest)
     finally:
         _drop(tmp)
@@ -360,7 +416,7 @@ def prepare(m: Manifest, say: Progress = lambda s: None, verify: bool = False) -
     try:
         paths = _prepare_builtin(m, say, verify, hub_roles, unverified)
     except OSError as e:  # anything else the cache refused, named with its folder
-        raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {e}") from None
+        raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {_os_error(e)}") from None
     paths.update({r: _hub_file(m, r, say) for r in hub_roles})
     return Pair(paths["target"], paths["aux"], m, tuple(unverified) if verify else ())
 

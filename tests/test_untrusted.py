@@ -347,3 +347,65 @@ def test_a_gguf_whose_weights_are_random_bytes_is_a_one_line_load_error(smol_fil
         f"Error: {tmp_path / 'a.gguf'} is not a usable model: "
         + ("its weights give non-finite logits (corrupt or not model data); prepare or download it again")
     ]
+
+
+# -- 11. a full disk and a killed derivation leave nothing that makes the next run fail ------------
+def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(tmp_path, monkeypatch):
+    """c22a670 left the unstamped file behind: it was derived again at every run and its bytes kept
+    the disk full, so every retry failed with 'failed (code 1)'."""
+    import errno
+    from pathlib import Path
+
+    from mtad_edge import pairs
+
+    tmp, dest = tmp_path / ".m.gguf.partial-1", tmp_path / "m.gguf"
+    tmp.write_bytes(b"GGUF" + b"\0" * 1000)
+    real = Path.write_text
+
+    def full_disk(self, *a, **kw):
+        if self.name.endswith(".sha256"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(pairs.MtadEdgeError, match=r"cannot stamp m.gguf .*\(ENOSPC\).*removed it"):
+        pairs._finish(tmp, dest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_quantization_on_a_full_disk_names_enospc(tmp_path, monkeypatch):
+    import shutil
+    from types import SimpleNamespace
+
+    import llama_cpp
+
+    from mtad_edge import pairs
+
+    src = tmp_path / "src.gguf"
+    src.write_bytes(b"GGUF" + b"\0" * 100_000)
+    monkeypatch.setattr(llama_cpp, "llama_model_quantize", lambda *a: 1)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(total=10**9, used=10**9 - 1000, free=1000))
+    with pytest.raises(pairs.MtadEdgeError, match=r"failed \(code 1\) \(the disk is likely full, ENOSPC"):
+        pairs.quantize(src, tmp_path / "out.gguf", "F16")
+
+
+def test_partial_files_of_dead_derivations_are_swept(tmp_path):
+    """kill -9 during a derivation left its .partial-PID file for ever."""
+    import os
+    import subprocess
+    import sys
+
+    from mtad_edge import pairs
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    files = {
+        "dead": tmp_path / f".m-F16.gguf.partial-{dead_pid}",
+        "ours": tmp_path / f".m-Q4_0.gguf.partial-{os.getpid()}",
+        "alive": tmp_path / f".m-Q8_0.gguf.partial-{os.getppid()}",
+        "other": tmp_path / "m.gguf",
+    }
+    for f in files.values():
+        f.write_bytes(b"x")
+    pairs._writable(tmp_path)
+    assert {k for k, f in files.items() if f.exists()} == {"ours", "alive", "other"}
