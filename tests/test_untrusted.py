@@ -409,3 +409,61 @@ def test_partial_files_of_dead_derivations_are_swept(tmp_path):
         f.write_bytes(b"x")
     pairs._writable(tmp_path)
     assert {k for k, f in files.items() if f.exists()} == {"ours", "alive", "other"}
+
+
+# -- 11. closing an engine ends its responses; a response left by a dead thread never blocks it ------
+def fake_engine():
+    from helpers import FakeLM
+    from mtad_edge.engine import Engine
+    from mtad_edge.loader import LoadedPair
+    from mtad_edge.pairs import Pair
+    from mtad_edge.runtime.config import DecodeConfig
+
+    target = FakeLM(salt=1, n_seq_max=5)
+    return Engine(LoadedPair(target, FakeLM(salt=2, n_seq_max=9), Pair(None, None)), DecodeConfig())
+
+
+def test_break_out_of_a_response_inside_with_engine_closes_cleanly():
+    """c22a670: __exit__ raised 'another response ... in this thread' and the models stayed loaded."""
+    engine = fake_engine()
+    with engine:
+        response = engine.generate("abc", max_tokens=50)
+        for _ in response:
+            break
+    assert engine._models is None and response.finish_reason == "cancelled"
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate("abc")
+
+
+def test_a_response_half_iterated_by_a_thread_that_ended_does_not_block_the_engine():
+    """c22a670: the dead thread's response held the engine for ever; a new thread that got the dead
+    one's ident was told 'another response ... is being iterated in this thread'."""
+    import threading
+
+    engine = fake_engine()
+    left = []
+
+    def half():
+        response = engine.generate("abc", max_tokens=50)
+        next(iter(response))
+        left.append(response)  # still referenced, never finished
+
+    t = threading.Thread(target=half)
+    t.start()
+    t.join()
+    result: dict = {}
+
+    def again():
+        try:
+            result["text"] = engine.generate("abc", max_tokens=5, seed=1).text()
+        except Exception as e:  # the false 'this thread' error
+            result["error"] = e
+
+    for _ in range(2):  # fresh threads: the first often gets the dead one's ident
+        result.clear()
+        t = threading.Thread(target=again, daemon=True)
+        t.start()
+        t.join(20)
+        assert len(result.get("text", "")) == 5, result
+    assert left[0].finish_reason == "cancelled"
+    engine.close()
