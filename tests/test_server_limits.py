@@ -3,6 +3,7 @@ Bodies are cut at --max-body as they stream in, half-sent and idle connections a
 --header-timeout / --idle-timeout, connections over --max-connections are refused with a 503 and
 one log line, and malformed requests are 400s, never 500s with a traceback."""
 
+import contextlib
 import http.client
 import json
 import os
@@ -135,6 +136,16 @@ def test_idle_half_sent_requests_never_starve_the_server(server):
     assert status == 200, body
     log = server.stderr().splitlines()[before:]
     assert "Traceback" not in "\n".join(log) and len(log) <= 3, log  # one line for the refusals
+
+
+def test_a_request_head_over_16_kib_is_refused(server):
+    for size, status in ((100, b"200"), (20_000, b"431"), (200_000, b"4")):  # 400 while it arrives in pieces
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        with contextlib.suppress(OSError):  # refused before it was all sent
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+        reply = read_response(sock, timeout=10)
+        sock.close()
+        assert reply.startswith(b"HTTP/1.1 " + status), (size, reply[:100])
 
 
 def test_a_keep_alive_connection_left_idle_is_closed(server):

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mtad_edge.engine import Engine, Response
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server import protocol as P
+from mtad_edge.server.connections import MAX_HEADER_BYTES
 
 
 class Runs:
@@ -84,7 +85,11 @@ class Guard:
             headers = dict(scope["headers"])
             error = None
             auth = headers.get(b"authorization", b"")
-            if self.api_key is not None and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
+            head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+            head += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+            if head > MAX_HEADER_BYTES:  # h11 bounds an incomplete head only: one that came whole is checked here
+                error = P.BadRequest(f"request headers over {MAX_HEADER_BYTES} bytes", status=431)
+            elif self.api_key is not None and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
                 error = P.BadRequest("invalid or missing API key", status=401, kind="authentication_error")
             elif int(headers.get(b"content-length", b"0") or 0) > self.max_body:
                 error = P.BadRequest(f"request body over {self.max_body} bytes", status=413)
