@@ -33,7 +33,8 @@ def test_a_chat_template_that_reaches_for_python_internals_is_refused(attack, tm
 def test_a_chat_template_that_asks_for_gigabytes_is_refused():
     from mtad_edge.runtime.chat import render
 
-    for bomb in ("{{ 'x' * 10000000000 }}", "{{ [0] * 10000000000 }}", "{{ 10 ** 100000000 }}"):
+    # Sizes that a machine survives without the bound (100 MB, 80 MB), so the test is safe anywhere.
+    for bomb in ("{{ 'x' * 100000000 }}", "{{ [0] * 10000000 }}", "{{ 10 ** 100000 }}"):
         with pytest.raises(ModelLoadError, match="refused"):
             render(bomb, [{"role": "user", "content": "hi"}])
 
