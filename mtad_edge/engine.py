@@ -305,11 +305,15 @@ class Engine:
         return self._defaults
 
     def close(self) -> None:
-        """Free the models. Every response of the engine is closed first (a ``break`` out of one
-        inside ``with Engine.load()`` left it holding the engine: close raised, the models stayed)."""
+        """Free the models. Every response of the engine is cancelled first, and the one holding
+        the engine is closed when this thread left it (a ``break`` out of it inside ``with
+        Engine.load()``: close raised, the models stayed) or its thread has ended; one that another
+        thread is iterating ends at its next step."""
         for response in list(self._responses):
             response.cancel()
-            response.close()
+        owner, holder = self._owner, self._holder
+        if owner is not None and holder is not None and (owner is threading.current_thread() or not owner.is_alive()):
+            holder.close()
         with self._hold():
             if self._models is not None:
                 self._models.close()
