@@ -8,12 +8,17 @@
         print(engine.generate("The capital of France is", method="ar", max_tokens=8).text())
 
 One request runs at a time per engine (others wait on a lock); a response holds the lock while
-it is being iterated, so finish it (iterate to the end, ``.text()``) or ``close()`` it.
+it is being iterated, so finish it (iterate to the end, ``.text()``) or ``close()`` it. Closing the
+engine closes its responses; a response left half-iterated by a thread that ended is closed by
+the next request that needs the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import threading
+import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import fields
 from typing import Any, Optional
@@ -28,7 +33,7 @@ from mtad_edge.runtime import methods
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
-from mtad_edge.runtime.errors import MtadEdgeError, OptionError
+from mtad_edge.runtime.errors import MtadEdgeError, OptionError, quoted
 from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
 from mtad_edge.textstream import StopText, TextStream
 
@@ -73,8 +78,16 @@ class Response:
         self.finish_reason = self.stats.finish_reason = "interrupted"
 
     def close(self) -> None:
-        if self._chunks is not None:
-            self._chunks.close()
+        """End the run here (its text so far is kept). A run that another thread is executing at
+        this moment is cancelled instead: it ends at its next step."""
+        chunks = self._chunks
+        if chunks is None:
+            return
+        if inspect.getgeneratorstate(chunks) == inspect.GEN_RUNNING:
+            self.cancel()
+            return
+        with contextlib.suppress(ValueError):  # it started running in another thread just now
+            chunks.close()
 
     def __enter__(self) -> Response:
         return self
@@ -89,7 +102,7 @@ class Response:
 
     def _run(self) -> Generator[str, None, None]:
         eng, gen = self._engine, self._gen
-        with eng._hold(self._cancel) as started:
+        with eng._hold(self._cancel, self) as started:
             if not started:  # cancelled while it waited for the engine: it never ran
                 self.finish_reason = self.stats.finish_reason = "cancelled"
                 return
@@ -131,7 +144,7 @@ def _check_text(text: Any, param: str, what: Optional[str] = None) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        bad = text[e.start : e.end]
+        bad = text[e.start : min(e.end, e.start + 16)]  # the first few: a message is one short line
         try:
             shown = repr(bad.encode("utf-8", "surrogateescape"))  # the bytes a command line had
         except UnicodeEncodeError:
@@ -152,7 +165,9 @@ class Engine:
         self.calibrated = Model()  # the load-time calibration: what seeded requests plan with
         self.learned = Model()  # what the adaptive controller learns about this pair, kept across requests
         self._lock = threading.Lock()
-        self._owner: Optional[int] = None  # the thread iterating a response
+        self._owner: Optional[threading.Thread] = None  # the thread iterating a response (not its ident: reused)
+        self._holder: Optional[Response] = None  # that response
+        self._responses: weakref.WeakSet[Response] = weakref.WeakSet()  # what close() ends
 
     @classmethod
     def open(
@@ -229,7 +244,7 @@ class Engine:
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
-            raise OptionError(f"logprobs must be an integer >= 0, got {logprobs!r}", "logprobs")
+            raise OptionError(f"logprobs must be an integer >= 0, got {quoted(logprobs)}", "logprobs")
         seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
         model = self.learned if learned_costs or not seeded else self.calibrated
         ids = models.target.tokenize(prompt)
@@ -243,7 +258,9 @@ class Engine:
             vocab=models.vocab,
             learn=learned_costs,
         )
-        return Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
+        response = Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
+        self._responses.add(response)
+        return response
 
     def chat(
         self,
@@ -291,6 +308,15 @@ class Engine:
         return self._defaults
 
     def close(self) -> None:
+        """Free the models. Every response of the engine is cancelled first, and the one holding
+        the engine is closed when this thread left it (a ``break`` out of it inside ``with
+        Engine.load()``: close raised, the models stayed) or its thread has ended; one that another
+        thread is iterating ends at its next step."""
+        for response in list(self._responses):
+            response.cancel()
+        owner, holder = self._owner, self._holder
+        if owner is not None and holder is not None and (owner is threading.current_thread() or not owner.is_alive()):
+            holder.close()
         with self._hold():
             if self._models is not None:
                 self._models.close()
@@ -303,13 +329,13 @@ class Engine:
         self.close()
 
     # -- internals --------------------------------------------------------------------------------
-    def _hold(self, cancel: Optional[threading.Event] = None) -> _Held:
-        if self._owner == threading.get_ident():
+    def _hold(self, cancel: Optional[threading.Event] = None, holder: Optional[Response] = None) -> _Held:
+        if self._owner is threading.current_thread():
             raise RuntimeError(
                 "another response of this engine is being iterated in this thread: "
                 "finish it (or close() it) before starting the next"
             )
-        return _Held(self, cancel)
+        return _Held(self, cancel, holder)
 
     def _require_open(self) -> LoadedPair:
         if self._models is None:
@@ -353,32 +379,33 @@ def _capacity(cfg: DecodeConfig) -> tuple[int, int]:
 
 
 class _Held:
-    """The engine's lock, owned by the thread that runs a request. A request waiting for it gives
-    up when ``cancel`` is set (a server client that went away frees its place in the queue at
-    once); ``__enter__`` then returns False and the lock is not held."""
+    """The engine's lock, owned by the thread that runs a request (``holder``). A request waiting
+    for it gives up when ``cancel`` is set (a server client that went away frees its place in the
+    queue at once); ``__enter__`` then returns False and the lock is not held. A holder whose
+    thread has ended (it left its response half-iterated) is closed, which frees the lock."""
 
-    POLL_S = 0.05  # how often a waiting request looks at its cancel flag
+    POLL_S = 0.05  # how often a waiting request looks at its cancel flag and the holder's thread
 
-    def __init__(self, engine: Engine, cancel: Optional[threading.Event] = None):
-        self.engine, self.cancel, self.held = engine, cancel, False
+    def __init__(self, engine: Engine, cancel: Optional[threading.Event] = None, holder: Optional[Response] = None):
+        self.engine, self.cancel, self.holder, self.held = engine, cancel, holder, False
 
     def __enter__(self) -> bool:
-        lock = self.engine._lock
-        if self.cancel is None:
-            lock.acquire()
-        else:
-            while not lock.acquire(timeout=self.POLL_S):
-                if self.cancel.is_set():
-                    return False
-            if self.cancel.is_set():
-                lock.release()
+        engine, lock = self.engine, self.engine._lock
+        while not lock.acquire(timeout=self.POLL_S):
+            if self.cancel is not None and self.cancel.is_set():
                 return False
+            owner, holder = engine._owner, engine._holder
+            if owner is not None and holder is not None and not owner.is_alive():
+                holder.close()  # suspended for ever: closing it runs its cleanup and releases the lock
+        if self.cancel is not None and self.cancel.is_set():
+            lock.release()
+            return False
         self.held = True
-        self.engine._owner = threading.get_ident()
+        engine._owner, engine._holder = threading.current_thread(), self.holder
         return True
 
     def __exit__(self, *exc: Any) -> None:
         if self.held:
             self.held = False
-            self.engine._owner = None
+            self.engine._owner = self.engine._holder = None
             self.engine._lock.release()

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from mtad_edge.pairs import home, sha256_file
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, quoted
 
 PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when a reference names no file
@@ -70,8 +70,26 @@ def parse(ref: str) -> HubRef:
     """``hf:OWNER/REPO[@REV][/FILE.gguf | :QUANT]`` -> HubRef (bad syntax is a one-line error)."""
     m = _REF.match(ref[len(PREFIX) :] if is_ref(ref) else "")
     if not m or (m["file"] and not m["file"].lower().endswith(".gguf")):
-        raise MtadEdgeError(f"{ref!r} is not a hub reference: use hf:OWNER/REPO/FILE.gguf or hf:OWNER/REPO:QUANT")
-    return HubRef(m["repo"], m["file"], m["quant"].upper() if m["quant"] else None, m["rev"] or "main")
+        raise MtadEdgeError(f"{quoted(ref)} is not a hub reference: use hf:OWNER/REPO/FILE.gguf or hf:OWNER/REPO:QUANT")
+    return _inside(HubRef(m["repo"], m["file"], m["quant"].upper() if m["quant"] else None, m["rev"] or "main"))
+
+
+def _inside(ref: HubRef) -> HubRef:
+    """``ref``, when its repository, file and revision name places inside the hub cache's folder of
+    that repository: a '..' or '.' part, an empty part, a backslash or an absolute path would reach
+    outside it (and load an unhashed local file), so it is refused."""
+    for what, value in (("repository", ref.repo), ("file", ref.file), ("revision", ref.revision)):
+        if value is None:
+            continue
+        parts = value.split("/")
+        bad_part = any(part in ("", ".", "..") for part in parts)
+        if "\\" in value or bad_part or (what == "repository" and len(parts) != 2):
+            want = "OWNER/NAME" if what == "repository" else "a path inside the repository"
+            raise MtadEdgeError(
+                f"hub reference refused: its {what} {quoted(value)} is not {want} (no '..', '.' or empty parts, "
+                "no backslash, not absolute)"
+            )
+    return ref
 
 
 def from_spec(spec: Union[str, dict]) -> HubRef:
@@ -79,17 +97,25 @@ def from_spec(spec: Union[str, dict]) -> HubRef:
     if isinstance(spec, str):
         return parse(spec)
     if not isinstance(spec, dict) or not spec.get("repo") or not (spec.get("file") or spec.get("quant")):
-        raise MtadEdgeError(f"a manifest's hub entry needs repo and file (or quant), got {spec!r}")
+        raise MtadEdgeError(f"a manifest's hub entry needs repo and file (or quant), got {quoted(spec)}")
+    for key in ("repo", "file", "quant", "revision"):
+        if spec.get(key) is not None and not isinstance(spec[key], str):
+            raise MtadEdgeError(f"a manifest's hub entry: {key} must be a string, got {quoted(spec[key])}")
+    size = spec.get("size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise MtadEdgeError(f"a manifest's hub entry: size must be a number of bytes, got {quoted(size)}")
     sha = spec.get("sha256")
     if sha is not None and not _SHA256.match(str(sha)):
-        raise MtadEdgeError(f"hub entry for {spec['repo']}: sha256 must be 64 lowercase hex digits")
-    return HubRef(
-        spec["repo"],
-        spec.get("file"),
-        (spec.get("quant") or "").upper() or None,
-        spec.get("revision") or "main",
-        sha,
-        spec.get("size"),
+        raise MtadEdgeError(f"hub entry for {quoted(spec['repo'])}: sha256 must be 64 lowercase hex digits")
+    return _inside(
+        HubRef(
+            spec["repo"],
+            spec.get("file"),
+            (spec.get("quant") or "").upper() or None,
+            spec.get("revision") or "main",
+            sha,
+            spec.get("size"),
+        )
     )
 
 
@@ -362,7 +388,7 @@ def _call(ref: HubRef, fn, transfer: bool = False):
             f"(or it is private{'' if _has_token() else ': set HF_TOKEN'})"
         ) from None
     except errors.RevisionNotFoundError:
-        raise MtadEdgeError(f"{ref}: {ref.repo} has no revision {ref.revision!r}") from None
+        raise MtadEdgeError(f"{ref}: {ref.repo} has no revision {quoted(ref.revision)}") from None
     except errors.EntryNotFoundError:
         raise MtadEdgeError(f"{ref}: {ref.repo} has no file {ref.file}") from None
     except errors.HfHubHTTPError as e:

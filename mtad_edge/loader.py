@@ -14,7 +14,7 @@ from mtad_edge.pairs import Pair
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Backend
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, quoted
 from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
@@ -35,12 +35,12 @@ class ModelOptions:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise MtadEdgeError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+            raise MtadEdgeError(f"unknown backend {quoted(self.backend)} (choose from {', '.join(BACKENDS)})")
         if self.provider not in PROVIDERS:
-            raise MtadEdgeError(f"unknown provider {self.provider!r} (choose from {', '.join(PROVIDERS)})")
+            raise MtadEdgeError(f"unknown provider {quoted(self.provider)} (choose from {', '.join(PROVIDERS)})")
         if self.vocab_mismatch not in MISMATCH_MODES:
             raise MtadEdgeError(
-                f"unknown vocab_mismatch {self.vocab_mismatch!r} (choose from {', '.join(MISMATCH_MODES)})"
+                f"unknown vocab_mismatch {quoted(self.vocab_mismatch)} (choose from {', '.join(MISMATCH_MODES)})"
             )
 
 
@@ -51,15 +51,24 @@ def _backend_for(path: Path, requested: str) -> str:
     return kind
 
 
-def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True) -> Backend:
+def load_backend(
+    path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True, positions: Optional[int] = None
+) -> Backend:
     """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX. ``spin``:
-    ONNX Runtime's idle threads may spin-wait (only for a model loaded alone, see OrtConfig.spin)."""
+    ONNX Runtime's idle threads may spin-wait (only for a model loaded alone, see OrtConfig.spin).
+    ``positions``: the committed tokens of ``n_ctx``, bounded by the model's trained context."""
     if _backend_for(path, opts.backend) == "onnx":
         from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
-        return OrtBackend(
-            path, OrtConfig(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=opts.threads, provider=opts.provider, spin=spin)
+        cfg = OrtConfig(
+            n_ctx=n_ctx,
+            n_seq_max=n_seq_max,
+            n_threads=opts.threads,
+            provider=opts.provider,
+            spin=spin,
+            positions=positions,
         )
+        return OrtBackend(path, cfg)
     from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
     return LlamaCppBackend(
@@ -70,6 +79,7 @@ def load_backend(path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spi
             n_threads=opts.threads,
             n_gpu_layers=_gpu_layers(opts.n_gpu_layers),
             flash_attn=opts.flash_attn,
+            positions=positions,
         ),
     )
 
@@ -169,11 +179,13 @@ def open_pair(
     drafting = [m.name for m in chosen if m.needs_aux]
     layout = reduce(lambda a, b: a.union(b), (m.layout(gamma, width) for m in chosen))
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
-    target = load_backend(Path(target_path), n_ctx + layout.target_cells, layout.target_seqs, opts, spin=not drafting)
+    target = load_backend(
+        Path(target_path), n_ctx + layout.target_cells, layout.target_seqs, opts, spin=not drafting, positions=n_ctx
+    )
     if aux_path is None or not drafting:
         return LoadedPair(target, None, pair, method_names=names)
     try:
-        aux = load_backend(Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, opts, spin=False)
+        aux = load_backend(Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, opts, spin=False, positions=n_ctx)
     except BaseException:
         target.close()
         raise

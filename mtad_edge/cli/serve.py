@@ -8,6 +8,7 @@ from typing import Any, Optional
 import click
 
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
+from mtad_edge.server.connections import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS
 from mtad_edge.signals import interrupts
 
 
@@ -33,6 +34,27 @@ from mtad_edge.signals import interrupts
     show_default=True,
     help="Largest request body in bytes (413 above).",
 )
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0.1),
+    default=HEADER_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a client has to send a request's headers, and at most between two pieces of its body (408).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.IntRange(min=1),
+    default=IDLE_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a keep-alive connection may stay idle between requests before it is closed.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=MAX_CONNECTIONS,
+    show_default=True,
+    help="Open connections at most; more are answered 503 and closed.",
+)
 @click.option("--model-name", help="The model id clients see (default: the pair's name).")
 @errors_as_click
 def serve(
@@ -42,14 +64,21 @@ def serve(
     api_key: Optional[str],
     queue_size: int,
     max_body: int,
+    header_timeout: float,
+    idle_timeout: int,
+    max_connections: int,
     model_name: Optional[str],
     **decode: Any,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models (streaming and not)."""
+    import asyncio
+
     import uvicorn
 
+    from mtad_edge.server import connections
     from mtad_edge.server.app import create_app
 
+    connections.ensure_descriptors(max_connections)
     cfg = decode_config(**decode)
     interrupts.hold()  # a signal during the load ends the command once it is loaded
     engine = model.engine(cfg)
@@ -57,8 +86,11 @@ def serve(
         if interrupts.code:
             return
         model_name = model_name or model.label
-        app = create_app(engine, model_name, api_key=api_key, queue_size=queue_size, max_body=max_body)
+        app = create_app(
+            engine, model_name, api_key=api_key, queue_size=queue_size, max_body=max_body, read_timeout=header_timeout
+        )
         runs = app.state.runs
+        refusals = connections.Refusals()
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
@@ -67,7 +99,20 @@ def serve(
                 runs.stop_all()
                 super().handle_exit(sig, frame)
 
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)
+            async def startup(self, sockets: Any = None) -> None:
+                connections.quiet_accept_errors(asyncio.get_running_loop(), refusals)
+                await super().startup(sockets)
+
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=10,
+            http=connections.limited_protocol(header_timeout, max_connections, refusals),
+            timeout_keep_alive=idle_timeout,
+            h11_max_incomplete_event_size=connections.MAX_HEADER_BYTES,
+        )
         click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method})", err=True)
         Server(config).run()  # uvicorn handles the signals while it runs, then hands them on to ours
         runs.close()

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mtad_edge.engine import Engine, Response
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server import protocol as P
+from mtad_edge.server.connections import MAX_HEADER_BYTES
 
 
 class Runs:
@@ -72,26 +73,58 @@ class Runs:
 
 
 class Guard:
-    """API key and body size, checked before a route runs. A plain ASGI middleware (not
-    BaseHTTPMiddleware), so routes see the connection's own ``receive`` and notice a client
-    that disconnects."""
+    """API key and body size, checked before a route runs, and the body's size and pace while it
+    is read. A plain ASGI middleware (not BaseHTTPMiddleware), so routes see the connection's own
+    ``receive`` (wrapped by BodyLimit) and notice a client that disconnects."""
 
-    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body: int):
-        self.app, self.api_key, self.max_body = app, api_key, max_body
+    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body: int, read_timeout: float = 10.0):
+        self.app, self.api_key, self.max_body, self.read_timeout = app, api_key, max_body, read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
             error = None
             auth = headers.get(b"authorization", b"")
-            if self.api_key is not None and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
+            head = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+            head += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+            if head > MAX_HEADER_BYTES:  # h11 bounds an incomplete head only: one that came whole is checked here
+                error = P.BadRequest(f"request headers over {MAX_HEADER_BYTES} bytes", status=431)
+            elif self.api_key is not None and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
                 error = P.BadRequest("invalid or missing API key", status=401, kind="authentication_error")
             elif int(headers.get(b"content-length", b"0") or 0) > self.max_body:
                 error = P.BadRequest(f"request body over {self.max_body} bytes", status=413)
             if error is not None:
                 await _error(error)(scope, receive, send)
                 return
+            receive = BodyLimit(receive, self.max_body, self.read_timeout)
         await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """The connection's ``receive``, counting body bytes as they stream in: a body over
+    ``max_body`` is cut there (413) whether or not it said its Content-Length (a chunked 1 GB body
+    was read whole before the 413), and a body that sends nothing for ``timeout`` seconds is a 408.
+    Once the body is complete, messages pass through untouched."""
+
+    def __init__(self, receive: Receive, max_body: int, timeout: float):
+        self.receive, self.max_body, self.timeout = receive, max_body, timeout
+        self.size, self.done = 0, False
+
+    async def __call__(self) -> Any:
+        if self.done:
+            return await self.receive()
+        try:
+            message = await asyncio.wait_for(self.receive(), self.timeout)
+        except asyncio.TimeoutError:
+            raise P.BadRequest(f"request body stalled: nothing for {self.timeout:g} s", status=408) from None
+        if message["type"] == "http.request":
+            self.size += len(message.get("body", b""))
+            if self.size > self.max_body:
+                raise P.BadRequest(f"request body over {self.max_body} bytes", status=413)
+            self.done = not message.get("more_body", False)
+        else:
+            self.done = True  # http.disconnect
+        return message
 
 
 class GenerationStream(StreamingResponse):
@@ -110,11 +143,17 @@ class GenerationStream(StreamingResponse):
 
 
 def create_app(
-    engine: Engine, model_name: str, api_key: Optional[str] = None, queue_size: int = 8, max_body: int = 1 << 20
+    engine: Engine,
+    model_name: str,
+    api_key: Optional[str] = None,
+    queue_size: int = 8,
+    max_body: int = 1 << 20,
+    read_timeout: float = 10.0,
 ) -> FastAPI:
+    """``read_timeout``: the longest a request's body may pause between two pieces (408 after)."""
     app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None, openapi_url=None)
     runs = Runs(queue_size)
-    app.add_middleware(Guard, api_key=api_key, max_body=max_body)
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body, read_timeout=read_timeout)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404 / 405 as OpenAI errors
@@ -256,6 +295,8 @@ async def _json_body(request: Request, max_body: int) -> dict:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise P.BadRequest(f"invalid JSON body: {e}") from None
+    except RecursionError:  # the parser's own depth bound (100k brackets was a 500 with a traceback)
+        raise P.BadRequest("invalid JSON body: nested too deeply") from None
     if not isinstance(body, dict):
         raise P.BadRequest("the JSON body must be an object")
     return body
@@ -266,4 +307,6 @@ def _sse(obj: dict) -> str:
 
 
 def _error(e: P.BadRequest) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    # A body cut short (413) or stalled (408) leaves the rest unread: the connection is closed after.
+    close = {"connection": "close"} if e.status in (408, 413) else None
+    return JSONResponse(e.body(), status_code=e.status, headers=close)

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from mtad_edge.logprobs import TokenLogprob
 from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS
+from mtad_edge.runtime.errors import quoted
 
 
 class BadRequest(Exception):
@@ -90,7 +91,7 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
                 key,
                 code="unsupported_parameter",
             )
-        raise BadRequest(f"Unrecognized request argument supplied: {key}", key)
+        raise BadRequest(f"Unrecognized request argument supplied: {quoted(key, bare=True)}", quoted(key, bare=True))
     model = body.get("model")
     if model is not None:
         if not isinstance(model, str):
@@ -116,8 +117,9 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
 
 
 def model_not_found(model: str) -> BadRequest:
+    name = quoted(model, bare=True)
     return BadRequest(
-        f"The model '{model}' does not exist", "model", status=404, kind="invalid_request_error", code="model_not_found"
+        f"The model '{name}' does not exist", "model", status=404, kind="invalid_request_error", code="model_not_found"
     )
 
 
@@ -130,7 +132,7 @@ def _typed(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     if value is None:
         return default
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise BadRequest(f"'{key}' must be a {'boolean' if kind is bool else kind.__name__}, got {value!r}", key)
+        raise BadRequest(f"'{key}' must be a {'boolean' if kind is bool else kind.__name__}, got {quoted(value)}", key)
     return value
 
 
@@ -157,14 +159,18 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     out = []
-    for m in msgs:
+    for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
             raise BadRequest("each message needs a role of system, user or assistant", "messages")
         content = m.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}] parts
+            if not content:
+                raise BadRequest(f"messages[{i}].content is an empty list: give a string or text parts", "messages")
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
                 raise BadRequest("only text content parts are supported", "messages")
-            content = "".join(str(p.get("text", "")) for p in content)
+            if not all(isinstance(p.get("text"), str) for p in content):
+                raise BadRequest(f"messages[{i}].content: each text part needs a string 'text'", "messages")
+            content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest("message content must be a string", "messages")
         out.append({"role": m["role"], "content": content})

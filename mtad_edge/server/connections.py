@@ -1,0 +1,149 @@
+"""The connection limits uvicorn lacks: a deadline for each request's head and a cap on open
+connections, with refusals logged in one line.
+
+uvicorn closes a keep-alive connection that sends nothing (``timeout_keep_alive``) but waits
+forever for the rest of a half-sent request head, and accepts every connection: 1,100 idle
+half-sent requests exhausted the file descriptors, a normal request timed out, and asyncio logged
+a traceback per refused accept (50 MB of log). Here a connection has ``header_timeout`` seconds to
+send each request's head (then a 408, or a plain close when it sent nothing), and a connection
+over ``max_connections`` is answered 503 and closed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Optional
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+# Defaults of `mtad-edge serve`'s options (docs/reliability.md lists every limit).
+HEADER_TIMEOUT_S = 10.0  # a client sends its request head in well under a second, even on slow links
+IDLE_TIMEOUT_S = 5  # uvicorn's keep-alive default: an idle connection costs a file descriptor
+# One request runs at a time and --queue-size wait: 128 connections is far more than can be served
+# at once, and far below the usual 1024-descriptor limit.
+MAX_CONNECTIONS = 128
+MAX_HEADER_BYTES = 16 * 1024  # a request head's bytes at most (h11's default): 400 or 431 above
+FD_RESERVE = 64  # descriptors beside the connections: model files, logs, the listening socket, ...
+LOG_EVERY_S = 10.0  # refused connections are summed into one log line at most this often
+
+log = logging.getLogger("uvicorn.error")
+
+
+class Refusals:
+    """Counts refused connections; logs one line for the first and then one per LOG_EVERY_S."""
+
+    def __init__(self) -> None:
+        self.count, self.last = 0, -LOG_EVERY_S
+
+    def note(self, why: str) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last >= LOG_EVERY_S:
+            log.warning("refused %d connection(s): %s", self.count, why)
+            self.count, self.last = 0, now
+
+
+def _response(status: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response with an OpenAI-style body, written before closing."""
+    body = json.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": None}}).encode()
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n"
+    )
+    return head.encode() + (b"retry-after: 1\r\n" if status.startswith("503") else b"") + b"\r\n" + body
+
+
+def limited_protocol(header_timeout: float, max_connections: int, refusals: Optional[Refusals] = None) -> type:
+    """uvicorn's h11 protocol with a head deadline and a connection cap (pass it as Config(http=...))."""
+    refused = refusals or Refusals()
+    busy = _response(
+        "503 Service Unavailable", f"server busy: {max_connections} connections open (--max-connections); retry later"
+    )
+    slow = _response("408 Request Timeout", f"request head not received within {header_timeout:g} s")
+
+    class LimitedH11Protocol(H11Protocol):
+        _timer: Optional[asyncio.TimerHandle] = None
+        _armed_cycle: Any = None
+        _partial = False  # bytes arrived since the deadline was set
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:  # this one counted
+                refused.note(f"{max_connections} open (--max-connections)")
+                transport.write(busy)
+                transport.close()
+                return
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            self._partial = True
+            super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # the next request's head has its own deadline
+
+        def connection_lost(self, exc: Optional[Exception]) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            if self.transport.is_closing():
+                return
+            self._armed_cycle, self._partial = self.cycle, False
+            self._timer = self.loop.call_later(header_timeout, self._deadline)
+
+        def _deadline(self) -> None:
+            """No new request head since the deadline was set, and none running: close (a 408
+            when part of a head came)."""
+            running = self.cycle is not None and not self.cycle.response_complete
+            if self.transport.is_closing() or running or self.cycle is not self._armed_cycle:
+                return
+            if self._partial:
+                self.transport.write(slow)
+            self.transport.close()
+
+    return LimitedH11Protocol
+
+
+def ensure_descriptors(max_connections: int) -> None:
+    """Raise the soft open-files limit to what ``max_connections`` needs (up to the hard limit),
+    so the cap, not the process's descriptors, is what refuses a connection."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return
+    need = max_connections + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    if soft != resource.RLIM_INFINITY and soft < need:
+        from mtad_edge.runtime.errors import MtadEdgeError
+
+        raise MtadEdgeError(
+            f"--max-connections {max_connections} needs {need} open files, and this process may open {soft} "
+            f"(ulimit -n): give --max-connections {max(1, soft - FD_RESERVE)} or less"
+        )
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop, refusals: Refusals) -> None:
+    """Out of descriptors anyway (other files): asyncio's traceback per refused accept becomes
+    the same rate-limited line as a refused connection."""
+    default = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            refusals.note(f"out of file descriptors ({context.get('exception')})")
+        elif default is not None:
+            default(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

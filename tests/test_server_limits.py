@@ -1,0 +1,191 @@
+"""Issue 27 against a real `mtad-edge serve` on loopback: one request never starves the server.
+Bodies are cut at --max-body as they stream in, half-sent and idle connections are closed after
+--header-timeout / --idle-timeout, connections over --max-connections are refused with a 503 and
+one log line, and malformed requests are 400s, never 500s with a traceback."""
+
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+MAX_BODY = 65536
+CAP = 20  # --max-connections
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, port: int, proc: subprocess.Popen, log: Path):
+        self.port, self.proc, self.log = port, proc, log
+
+    def post(self, body, path="/v1/chat/completions", timeout=60):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        return resp.status, json.loads(raw) if raw else None
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def server(smol_files, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "stderr.txt"
+    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
+    args = ["serve", "--port", str(port), "--ctx-size", "256", "--threads", "2", "--max-tokens", "8"]
+    args += ["--queue-size", "2", "--max-body", str(MAX_BODY), "--header-timeout", "1", "--idle-timeout", "1"]
+    args += ["--max-connections", str(CAP)]
+    with log.open("w") as err:
+        proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
+    s = Server(port, proc, log)
+    deadline = time.time() + 120
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/v1/models")
+            if conn.getresponse().status == 200:
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            pytest.fail(f"server did not start: {s.stderr()[-2000:]}")
+        time.sleep(0.2)
+    yield s
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def read_response(sock: socket.socket, timeout: float) -> bytes:
+    """What the server sends until it closes the connection (or ``timeout`` passes)."""
+    sock.settimeout(timeout)
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return got
+
+
+# -- 4. a chunked body is cut at --max-body ---------------------------------------------------------
+def test_a_chunked_body_is_cut_at_max_body_as_it_streams_in(server):
+    """c22a670 checked only Content-Length: a chunked body was read whole before the 413 (here the
+    body never ends, so it waited for ever)."""
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
+    piece = b"x" * 4096
+    sent = 0
+    try:
+        while sent < 4 * MAX_BODY:  # never the terminating chunk
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            sent += len(piece)
+    except OSError:  # the server closed the connection at the limit
+        pass
+    reply = read_response(sock, timeout=10)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert b"request body over 65536 bytes" in reply
+
+
+def test_a_stalled_body_is_a_408_after_the_header_timeout(server):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f'{head}Content-Length: 100\r\n\r\n{{"messages"'.encode())  # 11 of 100 bytes
+    started = time.time()
+    reply = read_response(sock, timeout=10)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408") and time.time() - started < 5, reply[:200]
+
+
+# -- 5. half-sent and idle connections are closed; the connection count is capped ---------------------
+def test_idle_half_sent_requests_never_starve_the_server(server):
+    """c22a670: 1,100 idle half-sent requests exhausted the file descriptors, a normal request timed
+    out and the log grew by 128k tracebacks. Here 50 (with --max-connections 20, --header-timeout 1)."""
+    before = len(server.stderr().splitlines())
+    socks = []
+    for _ in range(50):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+        socks.append(s)
+    replies = [read_response(s, timeout=6) for s in socks]  # each: refused at once, or closed after 1 s
+    for s in socks:
+        s.close()
+    refused = [r for r in replies if r.startswith(b"HTTP/1.1 503")]
+    timed_out = [r for r in replies if r.startswith(b"HTTP/1.1 408")]
+    assert len(refused) + len(timed_out) == 50 and len(timed_out) <= CAP, [r[:40] for r in replies]
+    assert len(refused) >= 50 - CAP and b"--max-connections" in refused[0]
+    status, body = server.post({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert status == 200, body
+    log = server.stderr().splitlines()[before:]
+    assert "Traceback" not in "\n".join(log) and len(log) <= 3, log  # one line for the refusals
+
+
+def test_a_request_head_over_16_kib_is_refused(server):
+    for size, status in ((100, b"200"), (20_000, b"431"), (200_000, b"4")):  # 400 while it arrives in pieces
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        with contextlib.suppress(OSError):  # refused before it was all sent
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+        reply = read_response(sock, timeout=10)
+        sock.close()
+        assert reply.startswith(b"HTTP/1.1 " + status), (size, reply[:100])
+
+
+def test_a_keep_alive_connection_left_idle_is_closed(server):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    started = time.time()
+    reply = read_response(sock, timeout=10)  # the answer, then the close after --idle-timeout 1
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 200") and time.time() - started < 5
+
+
+def test_a_connection_that_sends_nothing_is_closed_quietly(server):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    started = time.time()
+    assert read_response(sock, timeout=10) == b"" and time.time() - started < 5
+    sock.close()
+
+
+# -- 6, 11. malformed requests are 400s -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        (b"[" * 30000 + b"]" * 30000, "nested too deeply"),  # c22a670: a 500 with a RecursionError traceback
+        (b'{"messages": ' + b"[" * 30000 + b"]" * 30000 + b"}", "nested too deeply"),
+        ({"messages": [{"role": "user", "content": []}]}, "empty list"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "string 'text'"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "string 'text'"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ["a"]}]}]}, "string 'text'"),
+        ({"messages": [{"role": "user", "content": "Hi"}], "stop": ["s" * 4097]}, "4096 characters in all"),
+        ({"messages": [{"role": "user", "content": "Hi"}], "x" * 60000: 1}, "(60000 characters)"),
+    ],
+)
+def test_malformed_requests_are_400s_with_a_short_message(server, body, needle):
+    status, err = server.post(body)
+    message = err["error"]["message"]
+    assert status == 400 and needle in message and len(message) < 300, (status, message[:300])
+    assert len(err["error"]["param"] or "") < 100
+
+
+def test_text_parts_still_work(server):
+    parts = [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi."}]
+    status, body = server.post({"messages": [{"role": "user", "content": parts}], "max_tokens": 4})
+    assert status == 200, body

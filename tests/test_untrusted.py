@@ -1,0 +1,471 @@
+"""Issue 27: what a model file, a manifest, a hub reference or a request carries is untrusted input.
+A model folder never runs code, one input never takes the process down, an error quotes a bad value
+in a few words. (The server's limits, against a real `mtad-edge serve`: test_server_limits.py.)"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mtad_edge.runtime.errors import ModelLoadError
+
+
+# -- 1. chat templates render in jinja2's sandbox ------------------------------------------------
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "{{ cycler.__init__.__globals__.os.popen('touch MARK').read() }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ joiner.__init__.__globals__['os'].system('touch MARK') }}",
+        "{% set x = messages.append({'role': 'x'}) %}",  # the immutable sandbox: no mutation either
+    ],
+)
+def test_a_chat_template_that_reaches_for_python_internals_is_refused(attack, tmp_path, monkeypatch):
+    from mtad_edge.runtime.chat import render
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError, match="chat template refused") as e:
+        render(attack, [{"role": "user", "content": "hi"}])
+    assert "\n" not in str(e.value) and not (tmp_path / "MARK").exists()
+
+
+def test_a_chat_template_that_asks_for_gigabytes_is_refused():
+    from mtad_edge.runtime.chat import render
+
+    # Sizes that a machine survives without the bound (100 MB, 80 MB), so the test is safe anywhere.
+    for bomb in ("{{ 'x' * 100000000 }}", "{{ [0] * 10000000 }}", "{{ 10 ** 100000 }}"):
+        with pytest.raises(ModelLoadError, match="refused"):
+            render(bomb, [{"role": "user", "content": "hi"}])
+
+
+def test_real_templates_still_render_in_the_sandbox():
+    from mtad_edge.runtime.chat import render
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert render("gemma", msgs) == "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    hf_style = (  # the constructs Hugging Face templates use: namespace, loop, tojson, raise-free filters
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+        "{{ m.role | upper }}:{{ m.content | trim }}{% if not loop.last %}|{% endif %}{% endfor %}"
+        "{{ ns.n }}{{ messages | length }}{{ {'a': 1} | tojson }}"
+    )
+    assert render(hf_style, msgs) == 'SYSTEM:Be brief.|USER:Hi22{"a": 1}'
+
+
+# -- 3. stop strings: linear matching, bounded size -----------------------------------------------
+def reference_stop_text(stops, pieces):
+    """c22a670's StopText, the behaviour to keep (quadratic in a stop string's length)."""
+    stops, buf, outs = [s for s in stops if s], "", []
+    for piece in pieces:
+        buf += piece
+        hits = [i for i in (buf.find(s) for s in stops) if i >= 0]
+        if hits:
+            outs.append((buf[: min(hits)], True))
+            return outs, ""
+        hold = max((k for s in stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        outs.append((buf[: len(buf) - hold], False))
+        buf = buf[len(buf) - hold :]
+    return outs, buf
+
+
+def test_stop_text_matches_as_before_on_random_text():
+    import random
+
+    from mtad_edge.textstream import StopText
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        word = lambda n: "".join(rng.choice("ab") for _ in range(n))  # noqa: E731
+        stops = [word(rng.randint(0, 5)) for _ in range(rng.randint(0, 4))]
+        pieces = [word(rng.randint(0, 4)) for _ in range(rng.randint(1, 8))]
+        s = StopText(stops)
+        outs = []
+        for p in pieces:
+            outs.append(s.push(p))
+            if outs[-1][1]:
+                break
+        assert (outs, s.flush()) == reference_stop_text(stops, pieces), (stops, pieces)
+
+
+def test_long_stop_strings_cost_linear_time():
+    """Four 30000-character stop strings that the text keeps almost matching: c22a670 sliced every
+    prefix of each at every push (5 s here, 43 s for 16 tokens at 250 kB); now each character is
+    read once (0.03 s)."""
+    import time
+
+    from mtad_edge.textstream import StopText
+
+    stops = ["a" * 29999 + c for c in "bcde"]
+    s, start = StopText(stops), time.perf_counter()
+    emitted = "".join(s.push("a" * 400)[0] for _ in range(100))
+    assert time.perf_counter() - start < 1.0
+    assert emitted == "a" * (100 * 400 - 29999)  # the tail that may still become a stop string is held
+
+
+def test_stop_strings_are_bounded_in_number_and_size_with_a_short_error():
+    from mtad_edge.runtime.errors import OptionError
+    from mtad_edge.runtime.options import STOP_CHARS_MAX, check
+
+    assert check("stop", ["x" * STOP_CHARS_MAX]) == ["x" * STOP_CHARS_MAX]
+    for bad in (["a" * 250_000] * 4, ["x" * (STOP_CHARS_MAX + 1)], ["a"] * 5, "z" * 450_000):
+        with pytest.raises(OptionError) as e:
+            check("stop", bad)
+        message = str(e.value)
+        assert e.value.param == "stop" and len(message) < 300 and "\n" not in message, message
+        assert f"{STOP_CHARS_MAX} characters in all" in message
+    with pytest.raises(OptionError, match=r"\(4 items, 1000000 characters of text\)"):
+        check("stop", ["a" * 250_000] * 4)
+
+
+# -- 10. an error quotes a bad value in a few words, with its length -----------------------------
+def test_errors_quote_a_long_bad_value_as_a_prefix_and_its_length():
+    from mtad_edge import hub, pairs
+    from mtad_edge.runtime.errors import MtadEdgeError, quoted
+    from mtad_edge.server import protocol as P
+
+    big = "x" * 450_000
+    assert quoted(big) == "'" + "x" * 60 + "... (450000 characters)"
+    nested: list = []
+    for _ in range(100_000):
+        nested = [nested]
+    assert len(quoted(nested)) < 100  # no RecursionError, no megabytes
+    errors = []
+    for body in ({"prompt": "hi", big: 1}, {"prompt": "hi", "model": big}, {"prompt": "hi", "stream": big}):
+        with pytest.raises(P.BadRequest) as e:
+            P.parse(body, "text", "m")
+        errors.append(e.value)
+        assert len(e.value.param or "") < 100
+    for call in (lambda: hub.parse("hf:" + big), lambda: pairs.load_manifest(big)):
+        with pytest.raises(MtadEdgeError) as e:
+            call()
+        errors.append(e.value)
+    for e in errors:
+        assert len(str(e)) < 300 and re.search(r"45000\d characters", str(e)), str(e)[:400]
+
+
+# -- 8. a manifest is checked whole when it is loaded: one line naming the bad field ----------------
+GOOD = {
+    "schema": 1,
+    "name": "mine",
+    "context_size": 512,
+    "target": {"file": "t.gguf", "sha256": "a" * 64},
+    "aux": {"file": "sub/a.gguf", "derive": None},
+}
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        (None, "missing schema, name, target, aux"),  # the manifest is JSON null
+        ({"target": 3}, "target must be an object"),
+        ({"aux": "a.gguf"}, "aux must be an object"),
+        ({"context_size": "2048"}, "context_size must be an integer"),
+        ({"context_size": -1}, "context_size must be an integer"),
+        ({"context_size": 1e20}, "context_size must be an integer"),
+        ({"context_size": 10**20}, "context_size must be an integer in 1..2147483647"),
+        ({"context_size": True}, "context_size must be an integer"),
+        ({"name": 7}, "name must be"),
+        ({"name": "../x"}, "name must be"),
+        ({"target": {"file": 3}}, "target.file must be a non-empty string"),
+        ({"target": {"file": "../../etc/x.gguf"}}, "target.file must be a path inside"),
+        ({"aux": {"file": "/etc/x.gguf"}}, "aux.file must be a path inside"),
+        ({"target": {"file": "t.gguf", "sha256": "abc"}}, "target.sha256 must be 64 lowercase hex"),
+        ({"target": {"file": "t.gguf", "derive": "Q4_0"}}, "target.derive must be an object"),
+        ({"chat_template": "gemma"}, "chat_template must be an object"),
+        ({"chat_template": {"source": "jinja"}}, "chat_template.source must be"),
+        ({"chat_template": {"source": "builtin"}}, "chat_template.name must be"),
+        ({"source": {"kind": "ftp"}}, "source.kind must be"),
+        ({"aux": {"hub": {"repo": "a/b", "file": "../../x.gguf"}}}, "aux.hub: hub reference refused"),
+        ({"aux": {"hub": "hf:a/b/../../../../x.gguf"}}, "aux.hub: hub reference refused"),
+        ({"aux": {"hub": {"repo": "a/b", "file": 5}}}, "file must be a string"),
+    ],
+)
+def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path, change, field):
+    import json
+
+    from mtad_edge import pairs
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    data = None if change is None else {**GOOD, **change}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(MtadEdgeError) as e:
+        pairs.load_manifest(tmp_path)
+    assert field in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_good_manifest_and_the_packaged_ones_pass_the_schema(tmp_path):
+    import json
+
+    from mtad_edge import pairs
+
+    (tmp_path / "manifest.json").write_text(json.dumps(GOOD))
+    assert pairs.load_manifest(tmp_path).context_size == 512
+    for name in pairs.builtin_names() + pairs.hub_pair_names():
+        pairs.load_manifest(name)
+    for junk in (b"\xff\xfe binary", b"[" * 100_000, b"{}" + b" " * (pairs.MANIFEST_MAX + 1)):
+        (tmp_path / "manifest.json").write_bytes(junk)
+        with pytest.raises(pairs.MtadEdgeError):
+            pairs.load_manifest(tmp_path)
+
+
+# -- 9. a hub reference never names a file outside the hub cache --------------------------------
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "hf:a/b/../../../../x.gguf",
+        "hf:a/b/dir/../../x.gguf",
+        "hf:../b/x.gguf",
+        "hf:a/..@main/x.gguf",
+        "hf:a/b@../x.gguf",
+        "hf:a/b@..:Q4_K_M",
+        "hf:a/b//etc/x.gguf",
+        "hf:a/b/./x.gguf",
+        "hf:a/b/dir\\..\\x.gguf",
+    ],
+)
+def test_a_hub_reference_with_dot_dot_or_an_absolute_part_is_refused(ref):
+    from mtad_edge import hub
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    with pytest.raises(MtadEdgeError, match="refused|is not a hub reference"):
+        hub.parse(ref)
+
+
+def test_a_hub_entry_with_dot_dot_is_refused_and_plain_ones_still_parse():
+    from mtad_edge import hub
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    for spec in (
+        {"repo": "a/b", "file": "../x.gguf"},
+        {"repo": "a/b", "file": "/etc/x.gguf"},
+        {"repo": "a/b", "file": "x.gguf", "revision": ".."},
+        {"repo": "a/b/c", "file": "x.gguf"},
+    ):
+        with pytest.raises(MtadEdgeError, match="refused"):
+            hub.from_spec(spec)
+    assert hub.parse("hf:a/b/dir/x-Q4_K_M.gguf").file == "dir/x-Q4_K_M.gguf"
+    assert hub.parse("hf:a/b@v1.0:q8_0").quant == "Q8_0"
+    assert hub.from_spec({"repo": "a/b", "file": "d/x.gguf", "revision": "refs/pr/1"}).revision == "refs/pr/1"
+
+
+def test_a_dot_dot_reference_never_loads_the_local_file_it_points_at(tmp_path, monkeypatch):
+    """The probe: hf:a/b/../../../../x.gguf resolved outside the hub cache and loaded an unhashed file."""
+    from mtad_edge import hub
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--a--b" / "snapshots" / "main"
+    snapshot.mkdir(parents=True)
+    (tmp_path / "x.gguf").write_bytes(b"GGUF planted")  # what ../../../../x.gguf reaches from the snapshot
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(MtadEdgeError):
+        hub.fetch("hf:a/b/../../../../x.gguf")
+
+
+# -- 2. the context is bounded by the model's trained context and by memory ------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("n_ctx", [2**32, 8193])
+def test_a_context_longer_than_the_model_was_trained_for_is_refused(smol_files, n_ctx):
+    """--ctx-size 4294967296 wrapped at 2^32 and ran with a context of 198; 1e20 allocated until the
+    kernel killed the process. (SmolLM2-135M was trained for 8192.)"""
+    from mtad_edge.loader import ModelOptions, open_pair
+    from mtad_edge.pairs import Pair
+
+    with pytest.raises(ModelLoadError, match=r"longer than smollm2-135m-instruct-F16.gguf was trained for \(8192\)"):
+        open_pair(Pair(smol_files.target, None), ["ar"], 1, 1, ModelOptions(n_ctx=n_ctx, threads=2)).close()
+    with open_pair(Pair(smol_files.target, None), ["ar"], 1, 1, ModelOptions(n_ctx=8192, threads=2)) as models:
+        assert models.target.n_ctx >= 8192
+
+
+@pytest.mark.slow
+def test_a_context_the_memory_cannot_hold_is_refused(smol_files, monkeypatch):
+    from mtad_edge.loader import ModelOptions, open_pair
+    from mtad_edge.pairs import Pair
+    from mtad_edge.runtime import llama_cpp_backend
+
+    monkeypatch.setattr(llama_cpp_backend, "_physical_memory", lambda: 64 << 20)  # a 64 MiB machine
+    with pytest.raises(ModelLoadError, match=r"needs about .* GiB of KV cache.*about \d+ fits"):
+        open_pair(Pair(smol_files.target, None), ["ar"], 1, 1, ModelOptions(n_ctx=8192, n_gpu_layers=0)).close()
+
+
+# -- 7. `models prepare` says "sha256 verified" only when it checked; a file that is not a model is
+# one line where it is first read --------------------------------------------------------------------
+def local_pair(folder, target_sha=None, aux_sha=None, target=b"GGUF target", aux=b"GGUF aux"):
+    import json
+
+    (folder / "t.gguf").write_bytes(target)
+    (folder / "a.gguf").write_bytes(aux)
+    roles = {"target": {"file": "t.gguf"}, "aux": {"file": "a.gguf"}}
+    for role, sha in (("target", target_sha), ("aux", aux_sha)):
+        if sha:
+            roles[role]["sha256"] = sha
+    (folder / "manifest.json").write_text(json.dumps({"schema": 1, "name": "mine", **roles}))
+    return folder / "manifest.json"
+
+
+def test_models_prepare_says_verified_only_for_what_it_checked(tmp_path):
+    import hashlib
+
+    from click.testing import CliRunner
+
+    from mtad_edge.cli import cli
+
+    right = hashlib.sha256(b"GGUF target").hexdigest()
+    wrong = "1" * 64
+    r = CliRunner().invoke(cli, ["models", "prepare", str(local_pair(tmp_path, right, wrong))])
+    assert r.exit_code == 1 and "sha256" in r.output and "a.gguf" in r.output and "verified" not in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    r = CliRunner().invoke(cli, ["models", "prepare", str(local_pair(tmp_path, right, None))])
+    assert r.exit_code == 0 and "sha256 verified" not in r.output
+    assert "not verified: a.gguf (the manifest pins no sha256)" in r.output
+    aux = hashlib.sha256(b"GGUF aux").hexdigest()
+    r = CliRunner().invoke(cli, ["models", "prepare", str(local_pair(tmp_path, right, aux))])
+    assert r.exit_code == 0 and "ready (sha256 verified)" in r.output
+
+
+@pytest.mark.slow
+def test_a_gguf_whose_weights_are_random_bytes_is_a_one_line_load_error(smol_files, tmp_path):
+    """The probe's aux: a real GGUF header with random bytes for weights. It loads in llama.cpp, then
+    gave NaN logits (a numpy traceback in the drafter, or a segfault in the next decode)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = bytearray(smol_files.aux.read_bytes())
+    data[4_000_000:] = os.urandom(len(data) - 4_000_000)  # past the header and vocabulary: tensor data
+    manifest = local_pair(tmp_path, target=smol_files.target.read_bytes(), aux=bytes(data))
+    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
+    r = subprocess.run(
+        [exe, "generate", "--pair", str(manifest), "--max-tokens", "4", "--threads", "2", "--ctx-size", "256", "Hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.strip().splitlines() == [
+        f"Error: {tmp_path / 'a.gguf'} is not a usable model: "
+        + ("its weights give non-finite logits (corrupt or not model data); prepare or download it again")
+    ]
+
+
+# -- 11. a full disk and a killed derivation leave nothing that makes the next run fail ------------
+def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(tmp_path, monkeypatch):
+    """c22a670 left the unstamped file behind: it was derived again at every run and its bytes kept
+    the disk full, so every retry failed with 'failed (code 1)'."""
+    import errno
+    from pathlib import Path
+
+    from mtad_edge import pairs
+
+    tmp, dest = tmp_path / ".m.gguf.partial-1", tmp_path / "m.gguf"
+    tmp.write_bytes(b"GGUF" + b"\0" * 1000)
+    real = Path.write_text
+
+    def full_disk(self, *a, **kw):
+        if self.name.endswith(".sha256"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(pairs.MtadEdgeError, match=r"cannot stamp m.gguf .*\(ENOSPC\).*removed it"):
+        pairs._finish(tmp, dest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_quantization_on_a_full_disk_names_enospc(tmp_path, monkeypatch):
+    import shutil
+    from types import SimpleNamespace
+
+    import llama_cpp
+
+    from mtad_edge import pairs
+
+    src = tmp_path / "src.gguf"
+    src.write_bytes(b"GGUF" + b"\0" * 100_000)
+    monkeypatch.setattr(llama_cpp, "llama_model_quantize", lambda *a: 1)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(total=10**9, used=10**9 - 1000, free=1000))
+    with pytest.raises(pairs.MtadEdgeError, match=r"failed \(code 1\) \(the disk is likely full, ENOSPC"):
+        pairs.quantize(src, tmp_path / "out.gguf", "F16")
+
+
+def test_partial_files_of_dead_derivations_are_swept(tmp_path):
+    """kill -9 during a derivation left its .partial-PID file for ever."""
+    import os
+    import subprocess
+    import sys
+
+    from mtad_edge import pairs
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    files = {
+        "dead": tmp_path / f".m-F16.gguf.partial-{dead_pid}",
+        "ours": tmp_path / f".m-Q4_0.gguf.partial-{os.getpid()}",
+        "alive": tmp_path / f".m-Q8_0.gguf.partial-{os.getppid()}",
+        "other": tmp_path / "m.gguf",
+    }
+    for f in files.values():
+        f.write_bytes(b"x")
+    pairs._writable(tmp_path)
+    assert {k for k, f in files.items() if f.exists()} == {"ours", "alive", "other"}
+
+
+# -- 11. closing an engine ends its responses; a response left by a dead thread never blocks it ------
+def fake_engine():
+    from helpers import FakeLM
+    from mtad_edge.engine import Engine
+    from mtad_edge.loader import LoadedPair
+    from mtad_edge.pairs import Pair
+    from mtad_edge.runtime.config import DecodeConfig
+
+    target = FakeLM(salt=1, n_seq_max=5)
+    return Engine(LoadedPair(target, FakeLM(salt=2, n_seq_max=9), Pair(None, None)), DecodeConfig())
+
+
+def test_break_out_of_a_response_inside_with_engine_closes_cleanly():
+    """c22a670: __exit__ raised 'another response ... in this thread' and the models stayed loaded."""
+    engine = fake_engine()
+    with engine:
+        response = engine.generate("abc", max_tokens=50)
+        for _ in response:
+            break
+    assert engine._models is None and response.finish_reason == "cancelled"
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate("abc")
+
+
+def test_a_response_half_iterated_by_a_thread_that_ended_does_not_block_the_engine():
+    """c22a670: the dead thread's response held the engine for ever; a new thread that got the dead
+    one's ident was told 'another response ... is being iterated in this thread'."""
+    import threading
+
+    engine = fake_engine()
+    left = []
+
+    def half():
+        response = engine.generate("abc", max_tokens=50)
+        next(iter(response))
+        left.append(response)  # still referenced, never finished
+
+    t = threading.Thread(target=half)
+    t.start()
+    t.join()
+    result: dict = {}
+
+    def again():
+        try:
+            result["text"] = engine.generate("abc", max_tokens=5, seed=1).text()
+        except Exception as e:  # the false 'this thread' error
+            result["error"] = e
+
+    for _ in range(2):  # fresh threads: the first often gets the dead one's ident
+        result.clear()
+        t = threading.Thread(target=again, daemon=True)
+        t.start()
+        t.join(20)
+        assert len(result.get("text", "")) == 5, result
+    assert left[0].finish_reason == "cancelled"
+    engine.close()
