@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from mtad_edge.runtime.errors import MtadEdgeError
 
@@ -71,11 +71,22 @@ def publish(stage: Path, out: Path, names: list[str], manifest: dict) -> Path:
     return manifest_path
 
 
+def trained_context(hf_dir: Path) -> Optional[int]:
+    """The context a Hugging Face model was trained for (its config's max_position_embeddings)."""
+    try:
+        n = json.loads((hf_dir / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 def pair_manifest(
     job: Any, name: str, target: dict[str, Any], aux: dict[str, Any], self_draft: bool, **fields: Any
 ) -> dict[str, Any]:
     """The schema-1 manifest of an exported pair: ``target``/``aux`` are the two file entries,
-    ``fields`` the format's own keys (format, description, chat_template)."""
+    ``fields`` the format's own keys (format, description, chat_template). Its context_size is
+    the export's, at most what the target was trained for (the runtime refuses longer ones)."""
+    trained = trained_context(Path(job.target))
     if self_draft:
         aux["self_draft"] = True
         aux["note"] = "no sibling model: the aux is the target quantized more strongly"
@@ -83,7 +94,7 @@ def pair_manifest(
         "schema": 1,
         "name": name,
         **fields,
-        "context_size": job.context_size,
+        "context_size": min(job.context_size, trained) if trained else job.context_size,
         "source": {"kind": "hf", "target": str(job.target), "aux": job.aux},
         "target": target,
         "aux": aux,

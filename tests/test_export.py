@@ -128,6 +128,8 @@ def test_cli_export_then_generate_with_the_manifest(hf_tiny, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(out / "manifest.json")
+    trained = json.loads((hf_tiny / "config.json").read_text())["max_position_embeddings"]
+    assert json.loads((out / "manifest.json").read_text())["context_size"] == min(2048, trained)
     r = CliRunner().invoke(
         cli,
         [

@@ -51,7 +51,7 @@ def export():
     type=click.IntRange(min=32),
     default=2048,
     show_default=True,
-    help="context_size written to the manifest.",
+    help="context_size written to the manifest (at most what the target was trained for).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing export in --out.")
 @vocab_mismatch_option
@@ -98,7 +98,13 @@ def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, ove
     help="int4 compute type (4 = int8: faster on CPU, flips near-ties).",
 )
 @click.option("--name", help="Pair name in the manifest (default: the --out folder name).")
-@click.option("--ctx-size", type=click.IntRange(min=32), default=2048, show_default=True)
+@click.option(
+    "--ctx-size",
+    type=click.IntRange(min=32),
+    default=2048,
+    show_default=True,
+    help="context_size written to the manifest (at most what the target was trained for).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing export in --out.")
 @vocab_mismatch_option
 @errors_as_click
