@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+import mtad_edge.store as store
 from helpers import FakeLM
 from mtad_edge.engine import Engine
 from mtad_edge.loader import LoadedPair
@@ -463,7 +464,7 @@ def test_models_prepare_verifies_the_sha256_and_derives_a_changed_file_again(tmp
         f.seek(st.st_size // 2)
         f.write(b"\xff" * 64)
     os.utime(p.aux, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert pairs.prepare(m) == p and pairs.sha256_file(p.aux) != m.data["aux"]["sha256"]  # quick: not seen
+    assert pairs.prepare(m) == p and store.sha256_file(p.aux) != m.data["aux"]["sha256"]  # quick: not seen
     r = CliRunner().invoke(cli, ["models", "prepare", "smollm2-135m"])
     assert r.exit_code == 0 and "changed since it was written" in r.stderr and "sha256 verified" in r.stdout
-    assert pairs.sha256_file(p.aux) == m.data["aux"]["sha256"]
+    assert store.sha256_file(p.aux) == m.data["aux"]["sha256"]

@@ -358,6 +358,7 @@ def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(
     import errno
     from pathlib import Path
 
+    import mtad_edge.store as store
     from mtad_edge import pairs
 
     tmp, dest = tmp_path / ".m.gguf.partial-1", tmp_path / "m.gguf"
@@ -365,14 +366,15 @@ def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(
     real = Path.write_text
 
     def full_disk(self, *a, **kw):
-        if self.name.endswith(".sha256"):
+        if "stamps" in self.parts:
             raise OSError(errno.ENOSPC, "No space left on device", str(self))
         return real(self, *a, **kw)
 
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(Path, "write_text", full_disk)
     with pytest.raises(pairs.MtadEdgeError, match=r"cannot stamp m.gguf .*\(ENOSPC\).*removed it"):
-        pairs._finish(tmp, dest)
-    assert list(tmp_path.iterdir()) == []
+        store.finish(tmp, dest)
+    assert not tmp.exists() and not dest.exists()
 
 
 def test_a_failed_quantization_on_a_full_disk_names_enospc(tmp_path, monkeypatch):
