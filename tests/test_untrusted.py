@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from helpers import fake_engine
 from mtad_edge.runtime.errors import ModelLoadError
 
 
@@ -416,17 +417,6 @@ def test_partial_files_of_dead_derivations_are_swept(tmp_path):
 
 
 # -- 11. closing an engine ends its responses; a response left by a dead thread never blocks it ------
-def fake_engine():
-    from helpers import FakeLM
-    from mtad_edge.engine import Engine
-    from mtad_edge.loader import LoadedPair
-    from mtad_edge.pairs import Pair
-    from mtad_edge.runtime.config import DecodeConfig
-
-    target = FakeLM(salt=1, n_seq_max=5)
-    return Engine(LoadedPair(target, FakeLM(salt=2, n_seq_max=9), Pair(None, None)), DecodeConfig())
-
-
 def test_break_out_of_a_response_inside_with_engine_closes_cleanly():
     """c22a670: __exit__ raised 'another response ... in this thread' and the models stayed loaded."""
     engine = fake_engine()
