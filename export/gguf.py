@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from mtad_edge.pairs import quantize, sha256_file
+from mtad_edge.pairs import quantize
 from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.store import sha256_file
 
 from .staging import Progress, pair_manifest, preflight, publish, staging
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from mtad_edge.pairs import sha256_file
 from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.store import sha256_file
 
 from .staging import Progress, pair_manifest, preflight, publish, staging
 

@@ -29,8 +29,9 @@ from typing import Any, BinaryIO, Optional
 
 import numpy as np
 
-from mtad_edge.pairs import _drop, _finish, _tmp_name, quantize, sha256_file
+from mtad_edge.pairs import quantize
 from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.store import drop, finish, sha256_file, tmp_name
 
 from .staging import Progress, publish, staging
 
@@ -277,7 +278,7 @@ def _write(
     _check_space(dest.parent, total)
     sizes = f"{_label(source_parameters)} -> {_label(parameters)} parameters, {total / 1e9:.2f} GB"
     say(f"widening {src.name} {k}x: {sizes}")
-    tmp = _tmp_name(dest)
+    tmp = tmp_name(dest)
     writer = GGUFWriter(tmp, "llama")
     try:
         _metadata(reader, writer, k, src, parameters)
@@ -299,13 +300,13 @@ def _write(
         writer.close()
         if stamp:
             say(f"checksumming {dest.name}")
-            digest = _finish(tmp, dest)
+            digest = finish(tmp, dest)
         else:
             os.replace(tmp, dest)
             digest = ""
     finally:
         writer.close()
-        _drop(tmp)
+        drop(tmp)
     return Widened(dest, k, parameters, source_parameters, digest)
 
 

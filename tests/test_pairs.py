@@ -5,6 +5,7 @@ import json
 import pytest
 
 import mtad_edge.pairs as pairs
+import mtad_edge.store as store
 from mtad_edge.runtime.errors import MtadEdgeError
 
 
@@ -31,7 +32,7 @@ def test_prepare_derives_the_manifest_files_then_is_idempotent(home):
     p = pairs.prepare(m, said.append)
     assert p.target == home / "smollm2-135m" / m.data["target"]["file"]
     for role, path in (("target", p.target), ("aux", p.aux)):
-        assert pairs.sha256_file(path) == m.data[role]["sha256"]  # deterministic derivation
+        assert store.sha256_file(path) == m.data[role]["sha256"]  # deterministic derivation
     assert not any("warning" in s for s in said)
     mtimes = [p.target.stat().st_mtime_ns, p.aux.stat().st_mtime_ns]
     said.clear()
@@ -60,7 +61,7 @@ def test_interrupted_prepare_leaves_no_loadable_half_file(home, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setenv("MTAD_EDGE_HOME", str(home))
     p = pairs.prepare(m)
-    assert pairs.sha256_file(p.target) == m.data["target"]["sha256"]
+    assert store.sha256_file(p.target) == m.data["target"]["sha256"]
 
 
 @pytest.mark.slow
@@ -69,7 +70,7 @@ def test_file_changed_after_prepare_is_derived_again(home):
     p = pairs.prepare(m)
     p.aux.write_bytes(b"GGUF broken")
     pairs.prepare(m)
-    assert pairs.sha256_file(p.aux) == m.data["aux"]["sha256"]
+    assert store.sha256_file(p.aux) == m.data["aux"]["sha256"]
 
 
 def test_unknown_pair_and_bad_manifest(tmp_path):
@@ -105,7 +106,7 @@ def test_local_manifest_files_live_beside_it(tmp_path):
 
 def test_home_honours_env(monkeypatch, tmp_path):
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path))
-    assert pairs.home() == tmp_path
+    assert store.home() == tmp_path
     monkeypatch.delenv("MTAD_EDGE_HOME")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert pairs.home() == tmp_path / "xdg" / "mtad-edge"
+    assert store.home() == tmp_path / "xdg" / "mtad-edge"

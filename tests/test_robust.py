@@ -6,96 +6,24 @@ test_signals.py.)"""
 from __future__ import annotations
 
 import codecs
-import http.client
 import json
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
 
-from helpers import FakeLM
+import mtad_edge.store as store
+from helpers import FakeLM, Served, SlowLM, fake_engine, wait_until
 from mtad_edge.engine import Engine
-from mtad_edge.loader import LoadedPair
-from mtad_edge.pairs import Pair
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.sampling import log_softmax
 
 
-class SlowLM(FakeLM):
-    """A FakeLM whose every decode call takes a while, so a long answer is still running when a
-    test acts on it."""
-
-    delay = 0.005
-
-    def decode(self, batch):
-        time.sleep(self.delay)
-        return super().decode(batch)
-
-
 def engine_over(target, aux=None, **defaults) -> Engine:
-    aux = aux or SlowLM(salt=2, n_seq_max=9, n_ctx=target.n_ctx, vocab=target.n_vocab)
-    return Engine(LoadedPair(target, aux, Pair(None, None)), DecodeConfig(**defaults))
-
-
-def wait_until(predicate, timeout: float = 20.0) -> None:
-    """Liveness, not speed: fails only if the condition never comes."""
-    deadline = time.time() + timeout
-    while not predicate():
-        assert time.time() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
-class Served:
-    """The real app over an engine, served by uvicorn on a free loopback port in this process."""
-
-    def __init__(self, engine: Engine, queue_size: int = 2):
-        import uvicorn
-
-        from mtad_edge.server.app import create_app
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.app = create_app(engine, "fake", queue_size=queue_size)
-        self.runs = self.app.state.runs
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None)  # logs reach caplog
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        wait_until(lambda: self.server.started)
-
-    def post(self, body, path: str = "/v1/completions", timeout: float = 60) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        raw = resp.read()
-        conn.close()
-        return resp.status, json.loads(raw) if raw else {}
-
-    def get(self, path: str) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        out = resp.status, json.loads(resp.read())
-        conn.close()
-        return out
-
-    def abandon_later(self, body, path: str = "/v1/completions") -> socket.socket:
-        """Send a request on a raw socket; closing the socket is the client going away."""
-        sock = socket.create_connection(("127.0.0.1", self.port))
-        data = json.dumps(body).encode()
-        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        sock.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        return sock
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.runs.close()
+    """The fake engine over ``target`` with a slow aux (a long answer is still running when a test acts)."""
+    return fake_engine(target, aux or SlowLM(salt=2, n_seq_max=9, n_ctx=target.n_ctx, vocab=target.n_vocab), **defaults)
 
 
 @pytest.fixture
@@ -289,10 +217,6 @@ def test_logprobs_values_equal_the_fake_models_log_softmax():
 
 
 # -- the Python API ---------------------------------------------------------------------------------
-def fake_engine(**defaults) -> Engine:
-    return engine_over(FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9), **defaults)
-
-
 def test_two_responses_iterated_alternately_in_one_thread_raise_instead_of_deadlocking():
     eng = fake_engine()
     a = iter(eng.generate("abc", max_tokens=10, seed=1))
@@ -384,7 +308,6 @@ def test_a_seed_gives_what_a_fresh_engine_gives_whatever_ran_before(method):
 
 def test_on_such_a_backend_reusing_the_cache_would_change_the_answer():
     """What the rule above prevents (the engine reused the cache for every request before)."""
-    from mtad_edge.runtime.config import DecodeConfig
     from mtad_edge.runtime.decoding import Generation
 
     t, a = ShapeLM(salt=1, n_seq_max=5), ShapeLM(salt=2, n_seq_max=9)
@@ -463,7 +386,7 @@ def test_models_prepare_verifies_the_sha256_and_derives_a_changed_file_again(tmp
         f.seek(st.st_size // 2)
         f.write(b"\xff" * 64)
     os.utime(p.aux, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert pairs.prepare(m) == p and pairs.sha256_file(p.aux) != m.data["aux"]["sha256"]  # quick: not seen
+    assert pairs.prepare(m) == p and store.sha256_file(p.aux) != m.data["aux"]["sha256"]  # quick: not seen
     r = CliRunner().invoke(cli, ["models", "prepare", "smollm2-135m"])
     assert r.exit_code == 0 and "changed since it was written" in r.stderr and "sha256 verified" in r.stdout
-    assert pairs.sha256_file(p.aux) == m.data["aux"]["sha256"]
+    assert store.sha256_file(p.aux) == m.data["aux"]["sha256"]

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from helpers import fake_engine
 from mtad_edge.runtime.errors import ModelLoadError
 
 
@@ -358,6 +359,7 @@ def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(
     import errno
     from pathlib import Path
 
+    import mtad_edge.store as store
     from mtad_edge import pairs
 
     tmp, dest = tmp_path / ".m.gguf.partial-1", tmp_path / "m.gguf"
@@ -365,14 +367,15 @@ def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(
     real = Path.write_text
 
     def full_disk(self, *a, **kw):
-        if self.name.endswith(".sha256"):
+        if "stamps" in self.parts:
             raise OSError(errno.ENOSPC, "No space left on device", str(self))
         return real(self, *a, **kw)
 
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(Path, "write_text", full_disk)
     with pytest.raises(pairs.MtadEdgeError, match=r"cannot stamp m.gguf .*\(ENOSPC\).*removed it"):
-        pairs._finish(tmp, dest)
-    assert list(tmp_path.iterdir()) == []
+        store.finish(tmp, dest)
+    assert not tmp.exists() and not dest.exists()
 
 
 def test_a_failed_quantization_on_a_full_disk_names_enospc(tmp_path, monkeypatch):
@@ -414,17 +417,6 @@ def test_partial_files_of_dead_derivations_are_swept(tmp_path):
 
 
 # -- 11. closing an engine ends its responses; a response left by a dead thread never blocks it ------
-def fake_engine():
-    from helpers import FakeLM
-    from mtad_edge.engine import Engine
-    from mtad_edge.loader import LoadedPair
-    from mtad_edge.pairs import Pair
-    from mtad_edge.runtime.config import DecodeConfig
-
-    target = FakeLM(salt=1, n_seq_max=5)
-    return Engine(LoadedPair(target, FakeLM(salt=2, n_seq_max=9), Pair(None, None)), DecodeConfig())
-
-
 def test_break_out_of_a_response_inside_with_engine_closes_cleanly():
     """c22a670: __exit__ raised 'another response ... in this thread' and the models stayed loaded."""
     engine = fake_engine()

@@ -6,7 +6,8 @@ import click
 
 import mtad_edge.hub as hub
 from mtad_edge.cli.options import errors_as_click
-from mtad_edge.pairs import DEFAULT_PAIR, Manifest, builtin_names, home, hub_pair_names, load_manifest, prepare
+from mtad_edge.pairs import DEFAULT_PAIR, Manifest, builtin_names, hub_pair_names, load_manifest, prepare
+from mtad_edge.store import home
 
 
 def _say(msg: str) -> None:
