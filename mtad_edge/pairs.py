@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
+import mtad_edge.hub as hub
 import mtad_edge.store as store
 from mtad_edge.models import MANIFEST_DIR
 from mtad_edge.runtime.errors import MtadEdgeError, quoted
@@ -174,8 +175,6 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
         spec = data[role]
         need(isinstance(spec, dict), role, "an object (with file, or hub)", spec)
         if spec.get("hub") is not None:
-            from mtad_edge import hub  # imports this module: late
-
             try:
                 hub.from_spec(spec["hub"])  # its own checks: '..' in a path, a bad sha256, ...
             except MtadEdgeError as e:
@@ -383,16 +382,12 @@ def _prepare_builtin(
 
 
 def _hub_file(m: Manifest, role: str, say: Progress) -> Path:
-    from mtad_edge import hub
-
     return hub.fetch(hub.from_spec(m.data[role]["hub"]), say)
 
 
 def _model_path(ref: str, say: Progress) -> Path:
     """--target/--aux: a local path, or an ``hf:`` reference fetched from the Hugging Face Hub."""
     if str(ref).startswith("hf:"):
-        from mtad_edge import hub
-
         return hub.fetch(ref, say)
     return Path(ref)
 
