@@ -96,7 +96,7 @@ def quiet_llama_logs() -> None:
 
 
 @functools.cache
-def _uses_amx() -> bool:
+def uses_amx() -> bool:
     """Whether this llama.cpp build runs AMX kernels on this CPU (see AMX_FLAG)."""
     import llama_cpp
 
@@ -184,7 +184,7 @@ class LlamaCppBackend:
         _Log.recent.clear()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 2**31 - 1
-        if _uses_amx():
+        if uses_amx():
             mparams.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:

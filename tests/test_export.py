@@ -14,12 +14,13 @@ from mtad_edge.cli import cli  # noqa: E402
 from mtad_edge.export import GgufExport, export_gguf  # noqa: E402
 from mtad_edge.export.tokenizers import check_tokenizers  # noqa: E402
 from mtad_edge.loader import ModelOptions, open_pair  # noqa: E402
-from mtad_edge.pairs import load_manifest, prepare, sha256_file  # noqa: E402
+from mtad_edge.pairs import load_manifest, prepare  # noqa: E402
 from mtad_edge.runtime.config import (
     DecodeConfig,
     SamplingConfig,  # noqa: E402
 )
 from mtad_edge.runtime.errors import IncompatiblePairError, MtadEdgeError  # noqa: E402
+from mtad_edge.store import sha256_file  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingConfig(temperature=0.0)

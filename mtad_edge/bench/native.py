@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.llama_cpp_backend import uses_amx
 
 
 def _tool(bin_dir: Path, name: str) -> Path:
@@ -26,6 +27,7 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int) -> dict
     """Token generation speed (tg) of ``model`` alone: llama-bench -p 0 -n N."""
     exe = _tool(bin_dir, "llama-bench")
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(n_tokens), "-r", "3", "-o", "json"]
+    cmd += ["--repack", "0"] if uses_amx() else []  # as mtad-edge loads models there (llama_cpp_backend.AMX_FLAG)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise MtadEdgeError(f"llama-bench failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -49,6 +51,7 @@ def speculative_simple(
     exe = _tool(bin_dir, "llama-speculative-simple")
     cmd = [str(exe), "-m", str(target), "-md", str(aux), "--spec-type", "draft-simple", "-p", prompt]
     cmd += ["-n", str(n_tokens), "-t", str(threads), "--temp", "0", "--spec-draft-n-max", str(gamma), "-c", str(n_ctx)]
+    cmd += ["--no-repack"] if uses_amx() else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     log = proc.stderr
     m = _DECODED.search(log)
