@@ -128,6 +128,7 @@ class Acceptance:
     # measures, so a chat or a server does not start probing afresh with every request.
     since_draft: int = 0
     probe_every: int = PROBE_FIRST
+    since_stretch: int = 0  # drafting steps since the last stretch (Controller._stretch)
     plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
     delivered: Delivered = field(default_factory=Delivered)  # drafting's time forecasts, as they fared
     plain_delivered: Delivered = field(default_factory=Delivered)  # and plain steps'
@@ -162,6 +163,11 @@ class Acceptance:
             before, s = s, rate.value(toward, self.weight) if rate else guess
             out.append(s)
         return out
+
+    def tries(self, width: int, d: int) -> float:
+        """How often (decayed) depth d was drafted at ``width``."""
+        rate = self.depth.get((width, d))
+        return rate.tries if rate else 0.0
 
     def given_confidence(self, width: int, cum_logq: float) -> float:
         """P(a drafted depth is accepted | the best beam's cumulative log q through it)."""

@@ -158,6 +158,8 @@ SWITCH_HORIZON = 8  # drafting steps over which a switch from plain steps must e
 PROBE_BUDGET = 0.015  # and probes may lose at most this share of the time plain steps take between them
 PROBE_MAX = 64  # the longest wait between probes; each probe that loses doubles the wait up to it
 PROBE_SOON = 2  # the wait after a probe that beat a plain step clearly (PROBE_WIN)
+STRETCH_EVERY = 16  # drafting steps between stretches: one token more than the plan, where that depth is new
+STRETCH_TRIES = 8.0  # a depth drafted this often (decayed) is measured: no more stretching to it
 
 
 class Controller:
@@ -191,6 +193,7 @@ class Controller:
         self.free = free  # drafts cost no aux call (prompt lookup): a step is its verify alone
         self._plan: Optional[Plan] = None
         self._probing = False
+        self._stretching = False  # the plan drafts one token more than the best, to measure that depth
         self._lag = 0  # committed tokens the aux had not seen when the last plan was made
         # Within one plan(), while the tables stand still: beam_calls_s by width (summed through
         # each depth), and _first_aux_rows
@@ -301,9 +304,24 @@ class Controller:
                     best, self._probing = probe, True
         else:
             acc.since_draft, acc.probe_every = 0, PROBE_FIRST
+            best = self._stretch(best, options)
         best.timed = not unknown
         self._plan, self._beam_s, self._first_aux = best, None, None
         return best
+
+    def _stretch(self, best: Plan, options: list[Plan]) -> Plan:
+        """Every ``STRETCH_EVERY`` drafting steps, one token more than the best plan where that
+        depth has been drafted fewer than ``STRETCH_TRIES`` times: a few unlucky early drafts
+        would otherwise keep a longer draft's acceptance low for good (nothing drafts it again to
+        learn better). Its cost is bounded: the depth is measured after a few stretches."""
+        acc = self.acc
+        acc.since_stretch += 1
+        self._stretching = False
+        longer = next((p for p in options if p.gamma == best.gamma + 1 and p.width == best.width), None)
+        if longer is None or acc.since_stretch < STRETCH_EVERY or acc.tries(best.width, longer.gamma) >= STRETCH_TRIES:
+            return best
+        acc.since_stretch, self._stretching = 0, True
+        return longer
 
     def keep_going(self, depth: int, cum_logq: float) -> bool:
         """After ``depth`` drafted tokens whose best beam has cumulative log q ``cum_logq``: is
@@ -315,7 +333,7 @@ class Controller:
         plan = self._plan
         if plan is None or depth >= plan.gamma:
             return False
-        if depth < min(plan.gamma, self.gammas[0]):  # the method's shortest draft (MTAD: 4) is drafted whole
+        if self._stretching or depth < min(plan.gamma, self.gammas[0]):  # a stretch, or the method's floor (MTAD: 4)
             return True
         acc, w = self.acc, plan.width
         survival = acc.survivals(w, plan.gamma)

@@ -634,3 +634,29 @@ def test_plain_steps_that_deliver_less_than_their_typical_step_give_way_to_draft
     assert max(share for _, share in forgetful) < 0.2
     assert np.mean([r for r, _ in learned]) > 1.12 * mean_plain
     assert min(share for _, share in learned) > 0.7
+
+
+def test_a_longer_draft_whose_first_tries_failed_is_stretched_to_until_measured():
+    """sd drafting one token, where two would pay: three unlucky early drafts at depth 2 keep its
+    estimate low, and nothing would draft it again. Every STRETCH_EVERY drafting steps the plan
+    drafts one more, until that depth is measured; then the estimate chooses on its own."""
+    model = Model()
+    for rows in (1, 2, 3, 4, 5):
+        model.target.observe(rows, 0.100 + 0.005 * rows)  # memory-bound: a row more costs little
+        model.aux.observe(rows, 0.010)
+    ctrl = Controller(model, "sd", range(0, 5), [1], tree=False)
+    for _ in range(3):
+        ctrl.acc.observe(1, 1, [-0.1, -0.2])  # three drafts of 2: depth 2 rejected each time
+    for _ in range(30):
+        ctrl.acc.observe(1, 1, [-0.1])  # and depth 1 kept steadily
+
+    plans = []
+    for _ in range(3 * controller.STRETCH_EVERY):
+        plan = ctrl.plan(4)
+        plans.append(plan.gamma)
+        depths = [-0.1] * plan.gamma
+        ctrl.observe_step(plan, plan.gamma, depths, ctrl.step_seconds(plan.gamma, 1))  # kept whole: it pays
+    every = controller.STRETCH_EVERY
+    assert plans[: every - 1] == [1] * (every - 1)  # the low estimate's choice
+    assert plans[every - 1] == 2  # the stretch, which the low estimate would never make
+    assert plans[-1] >= 2 and plans.count(1) < len(plans) - every  # measured: longer drafts win on their own

@@ -55,6 +55,7 @@ def report_markdown(results: dict) -> str:
     lines += _controller_table(methods)
     lines += _paired_table(results.get("paired") or [])
     lines += _vocab_table(methods)
+    lines += _drafters_table(methods)
     native = results.get("native")
     if native:
         lines += [
@@ -282,6 +283,22 @@ def _paired_table(rows: list) -> list[str]:
 
 def _share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
     return part / whole if part is not None and whole else None
+
+
+def _drafters_table(methods: dict) -> list[str]:
+    """Prompt lookup against the aux: what each drafted and what the target kept of it."""
+    rows = [(m, a["drafters"]) for m, a in methods.items() if a.get("drafters")]
+    if not rows:
+        return []
+    lines = ["", "Drafters (--drafter ngram, ngram+aux): tokens drafted, and the share the target kept:", ""]
+    lines += ["| variant | lookup drafted | lookup kept | aux drafted | aux kept |", "|---|---|---|---|---|"]
+    for m, d in rows:
+        lk, ax = d["lookup"], d["aux"]
+        lines.append(
+            f"| {m} | {lk['drafted']} | {_fmt(lk['acceptance_rate'], '.1%')} | {ax['drafted']} "
+            f"| {_fmt(ax['acceptance_rate'], '.1%')} |"
+        )
+    return lines
 
 
 def _vocab_table(methods: dict) -> list[str]:

@@ -296,6 +296,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             out[label]["judge_tokens"] = _total(mine, "judge_tokens")
             out[label]["judge_truncated"] = sum(bool(r["judge_truncated"]) for r in mine)
         out[label]["time_ms_per_token"] = time_split(out[label])
+        out[label]["drafters"] = drafters(mine)
     return out
 
 
@@ -353,3 +354,20 @@ def projection(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Option
     for row in out.values():
         row["x_ar"] = row["tokens_per_s"] / base if row["tokens_per_s"] and base else None
     return out
+
+
+def drafters(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """What each drafter drafted and the target kept, where prompt lookup drafted (None else)."""
+    looked = sum(r.get("lookup_drafted", 0) for r in rows)
+    if not looked:
+        return None
+    kept = sum(r.get("lookup_accepted", 0) for r in rows)
+    drafted, accepted = _total(rows, "drafted"), _total(rows, "accepted")
+    return {
+        "lookup": {"drafted": looked, "accepted": kept, "acceptance_rate": kept / looked},
+        "aux": {
+            "drafted": drafted - looked,
+            "accepted": accepted - kept,
+            "acceptance_rate": (accepted - kept) / (drafted - looked) if drafted > looked else None,
+        },
+    }
