@@ -86,7 +86,7 @@ def read_response(sock: socket.socket, timeout: float) -> bytes:
 
 # -- 4. a chunked body is cut at --max-body ---------------------------------------------------------
 def test_a_chunked_body_is_cut_at_max_body_as_it_streams_in(server):
-    """c22a670 checked only Content-Length: a chunked body was read whole before the 413 (here the
+    """Only Content-Length used to be checked: a chunked body was read whole before the 413 (here the
     body never ends, so it waited for ever)."""
     sock = socket.create_connection(("127.0.0.1", server.port))
     head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -117,7 +117,7 @@ def test_a_stalled_body_is_a_408_after_the_header_timeout(server):
 
 # -- 5. half-sent and idle connections are closed; the connection count is capped ---------------------
 def test_idle_half_sent_requests_never_starve_the_server(server):
-    """c22a670: 1,100 idle half-sent requests exhausted the file descriptors, a normal request timed
+    """1,100 idle half-sent requests once exhausted the file descriptors, a normal request timed
     out and the log grew by 128k tracebacks. Here 50 (with --max-connections 20, --header-timeout 1)."""
     before = len(server.stderr().splitlines())
     socks = []
@@ -168,7 +168,7 @@ def test_a_connection_that_sends_nothing_is_closed_quietly(server):
 @pytest.mark.parametrize(
     "body,needle",
     [
-        (b"[" * 30000 + b"]" * 30000, "nested too deeply"),  # c22a670: a 500 with a RecursionError traceback
+        (b"[" * 30000 + b"]" * 30000, "nested too deeply"),  # was a 500 with a RecursionError traceback
         (b'{"messages": ' + b"[" * 30000 + b"]" * 30000 + b"}", "nested too deeply"),
         ({"messages": [{"role": "user", "content": []}]}, "empty list"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "string 'text'"),

@@ -55,7 +55,7 @@ def test_real_templates_still_render_in_the_sandbox():
 
 # -- 3. stop strings: linear matching, bounded size -----------------------------------------------
 def reference_stop_text(stops, pieces):
-    """c22a670's StopText, the behaviour to keep (quadratic in a stop string's length)."""
+    """The old StopText, the behaviour to keep (quadratic in a stop string's length)."""
     stops, buf, outs = [s for s in stops if s], "", []
     for piece in pieces:
         buf += piece
@@ -89,7 +89,7 @@ def test_stop_text_matches_as_before_on_random_text():
 
 
 def test_long_stop_strings_cost_linear_time():
-    """Four 30000-character stop strings that the text keeps almost matching: c22a670 sliced every
+    """Four 30000-character stop strings that the text keeps almost matching: the old matcher sliced every
     prefix of each at every push (5 s here, 43 s for 16 tokens at 250 kB); now each character is
     read once (0.03 s)."""
     import time
@@ -354,7 +354,7 @@ def test_a_gguf_whose_weights_are_random_bytes_is_a_one_line_load_error(smol_fil
 
 # -- 11. a full disk and a killed derivation leave nothing that makes the next run fail ------------
 def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(tmp_path, monkeypatch):
-    """c22a670 left the unstamped file behind: it was derived again at every run and its bytes kept
+    """An unstamped file used to stay behind: it was derived again at every run and its bytes kept
     the disk full, so every retry failed with 'failed (code 1)'."""
     import errno
     from pathlib import Path
@@ -418,7 +418,7 @@ def test_partial_files_of_dead_derivations_are_swept(tmp_path):
 
 # -- 11. closing an engine ends its responses; a response left by a dead thread never blocks it ------
 def test_break_out_of_a_response_inside_with_engine_closes_cleanly():
-    """c22a670: __exit__ raised 'another response ... in this thread' and the models stayed loaded."""
+    """__exit__ used to raise 'another response ... in this thread' and the models stayed loaded."""
     engine = fake_engine()
     with engine:
         response = engine.generate("abc", max_tokens=50)
@@ -430,7 +430,7 @@ def test_break_out_of_a_response_inside_with_engine_closes_cleanly():
 
 
 def test_a_response_half_iterated_by_a_thread_that_ended_does_not_block_the_engine():
-    """c22a670: the dead thread's response held the engine for ever; a new thread that got the dead
+    """A dead thread's response used to hold the engine for ever; a new thread that got the dead
     one's ident was told 'another response ... is being iterated in this thread'."""
     import threading
 
