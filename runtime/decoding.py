@@ -26,7 +26,7 @@ from .controller import Controller, FixedController, Model, Plan
 from .drafter import BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
 from .methods import StepResult, StepView
-from .ngram import NgramDrafter, deterministic_q
+from .ngram import MATCH_EDGES, Lookup, NgramDrafter, deterministic_q, match_class
 from .options import AUTO, AUTO_WIDTH_MAX, REPEAT_N
 from .repeats import Seen
 from .vocab import CrossVocab, VocabMap
@@ -147,7 +147,11 @@ class Generation:
         self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive and not learn else model
         self.gamma_floor: Optional[int] = None  # gamma 'auto': the shortest draft allowed
         self.controller = self._controller()
-        self.lookup_controller = self._lookup_controller() if self.lookup is not None else None
+        # Prompt lookup's controllers, one per match class (ngram.MATCH_EDGES): a copied passage and
+        # a chance bigram are accepted at very different rates, so each learns its own.
+        self.lookup_controllers = (
+            [self._lookup_controller(c) for c in range(len(MATCH_EDGES) + 1)] if self.lookup is not None else []
+        )
         self.layout = self.method.layout(self.max_gamma, self.max_width, cfg.tree)
         if self.layout.target_seqs > target.n_seq_max:
             raise OptionError(
@@ -210,14 +214,16 @@ class Generation:
         widths = [fixed_width] if fixed_width else list(range(1, self.max_width + 1))
         return Controller(self.model, self._key(), gammas, widths, tree=m.tree)
 
-    def _lookup_controller(self) -> FixedController | Controller:
-        """Prompt lookup's: a free draft of one beam, as long as the match allows; 'auto' prices
-        it by its verify alone and may take a plain step where its drafts do not pay."""
+    def _lookup_controller(self, match: int) -> FixedController | Controller:
+        """Prompt lookup's, for lookups of match class ``match``: a free draft of one beam, as long
+        as the match allows; 'auto' prices it by its verify alone and may take a plain step where
+        its drafts do not pay."""
         cfg = self.cfg
         if not cfg.adaptive:
             return FixedController(cfg.max_gamma, 1)
         gammas = range(0, cfg.max_gamma + 1)
-        return Controller(self.model, self._key() + " lookup", gammas, [1], tree=self.method.tree, free=True)
+        key = f"{self._key()} lookup m{match}"
+        return Controller(self.model, key, gammas, [1], tree=self.method.tree, free=True)
 
     def _key(self) -> str:
         """What the acceptance a controller learns depends on: the method and its settings."""
@@ -294,17 +300,22 @@ class Generation:
         """The step's plan, the controller that made it and, when prompt lookup drafts, its draft:
         lookup where it found a continuation and its plan (a free draft) is at least as fast as
         the aux's (with a fixed gamma: wherever it found one), the aux otherwise."""
-        ctrl, lookup = self.controller, self.lookup_controller
-        found = self.lookup.propose(self.tokens, self.max_gamma) if self.lookup is not None else None
-        free = lookup.plan(len(found) if found is not None else 0) if lookup is not None else None
+        ctrl = self.controller
+        found: Optional[Lookup] = None
+        lookup: Optional[FixedController | Controller] = None
+        if self.lookup is not None:  # a step with no match is planned by the weakest class's controller
+            found = self.lookup.lookup(self.tokens, self.max_gamma)
+            lookup = self.lookup_controllers[match_class(found.matched) if found is not None else 0]
+        free = lookup.plan(len(found.tokens) if found is not None else 0) if lookup is not None else None
         if free is not None and (ctrl is None or (free.gamma and not isinstance(ctrl, Controller))):
-            return free, lookup, found if free.gamma else None
+            return free, lookup, found.tokens if found is not None and free.gamma else None
         assert ctrl is not None
         plan = ctrl.plan(self.max_gamma, len(self.tokens) - self._synced)
         if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
             plan = Plan(0, plan.width)
         if free is not None and free.gamma and free.rate >= plan.rate:
-            return free, lookup, found
+            assert found is not None
+            return free, lookup, found.tokens
         return plan, ctrl, None
 
     def _draft(self, plan: Plan) -> Draft:
@@ -388,7 +399,10 @@ class Generation:
         self.stats.cached_tokens = len(target.held(0))
         feed(target, context, logits="none")
         if self.drafter is not None:
-            self.drafter.start(self.tokens)
+            # Beside prompt lookup the aux may never draft (where it does not pay): its prompt is
+            # then fed by its first draft, a catch-up the controller prices like any other.
+            unfed = self.drafter.start(self.tokens, prefill=self.lookup is None)
+            self._synced = max(0, len(self.tokens) - unfed)
 
     def _drop_caches(self) -> None:
         self.target.clear()

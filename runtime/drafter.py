@@ -104,15 +104,18 @@ class BeamDrafter:
         self._dead_aux = np.zeros((0, 0), dtype=np.int64)  # and the beams that died on the way
         self.seen = Seen(no_repeat) if no_repeat else None  # the context's n-grams a draft may not repeat
 
-    def start(self, tokens: list[int]) -> None:
+    def start(self, tokens: list[int], prefill: bool = True) -> int:
         """A run begins on committed ``tokens``: the aux context (the same list when the vocabulary
         is shared, so it grows with it), its cache cut to the prefix it already holds and fed all
-        but the last token."""
+        but the last token; with ``prefill`` False, not fed yet (the first draft feeds it). Returns
+        the context tokens left unfed."""
         model = self.model
         self.ctx = tokens if self.cross is None else self.cross.start(tokens)
         self._drop_beams(model.n_seq_max)
         model.rollback(0, common_prefix(model.held(0), self.ctx[:-1]))
-        feed(model, self.ctx[:-1], logits="none")
+        if prefill:
+            feed(model, self.ctx[:-1], logits="none")
+        return len(self.ctx) - 1 - len(model.held(0))
 
     @property
     def lagging(self) -> bool:

@@ -20,6 +20,7 @@ x_d with probability p_d(x_d) and, at a rejection, draw from p_d without x_d: lo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -34,6 +35,28 @@ NGRAM_MAX = 4
 # behind occurrence statistics this drafter does not keep, and ngram-simple never goes below its
 # key size. Each rejected draft costs target rows, so a match must be at least a bigram.
 NGRAM_MIN = 2
+# How far back a match is measured: the context and the earlier occurrence agree on their last
+# ``matched`` tokens, counted up to this. A long agreement means the answer is copying a passage
+# (drafts of 8 were kept whole 84 % of the time after 8+ agreeing tokens at T=0 on the grounded
+# prompts, 12 % after a bigram), so it sorts lookups into classes that learn apart (MATCH_EDGES).
+MATCH_CAP = 16
+# Lower edges of the match classes above the first: a bigram or trigram match, 4-7 agreeing
+# tokens, a passage of 8 or more. Each class has its own acceptance, so a copied passage is drafted
+# long while a chance bigram is drafted short or not at all.
+MATCH_EDGES = (4, 8)
+
+
+def match_class(matched: int) -> int:
+    """The class (0 .. len(MATCH_EDGES)) of a lookup whose context agrees on ``matched`` tokens."""
+    return sum(matched >= edge for edge in MATCH_EDGES)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A lookup draft and how many tokens (up to MATCH_CAP) its source agreed on before it."""
+
+    tokens: np.ndarray
+    matched: int
 
 
 class NgramDrafter:
@@ -62,13 +85,26 @@ class NgramDrafter:
         """Up to ``gamma`` token ids that followed the most recent earlier occurrence of the
         longest matching suffix of ``tokens`` (n_max..n_min tokens); None when none matches or
         gamma < 1. The draft stops at the end of ``tokens``: a match near the end is short."""
+        found = self.lookup(tokens, gamma)
+        return found.tokens if found is not None else None
+
+    def lookup(self, tokens: Sequence[int], gamma: int) -> Optional[Lookup]:
+        """``propose``'s draft with the length of the match behind it: how many tokens before the
+        draft's source equal the context's last ones (at least the key's n, at most MATCH_CAP)."""
         if gamma < 1:
             return None
         n, start = self._match(tokens)
         if not n:
             return None
         stop = min(start + n + gamma, len(tokens))
-        return np.array([int(t) for t in tokens[start + n : stop]], dtype=np.int64)
+        draft = np.array([int(t) for t in tokens[start + n : stop]], dtype=np.int64)
+        matched, end = n, len(tokens) - n  # compare backwards from the key's first token
+        while matched < MATCH_CAP and start - 1 - (matched - n) >= 0:
+            j = matched - n + 1
+            if int(tokens[start - j]) != int(tokens[end - j]):
+                break
+            matched += 1
+        return Lookup(draft, matched)
 
     def match_len(self, tokens: Sequence[int]) -> int:
         """The n of the match ``propose`` would use (0: none): whether a free draft exists."""

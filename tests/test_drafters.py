@@ -6,13 +6,13 @@ import time
 import numpy as np
 import pytest
 
-from helpers import FakeLM, chi2_critical, chi2_stat, exact_two_token_joint, fake_engine, generate_tokens
+from helpers import FakeClock, FakeLM, chi2_critical, chi2_stat, exact_two_token_joint, fake_engine, generate_tokens
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.drafter import Draft
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.methods import StepView, get
-from mtad_edge.runtime.ngram import deterministic_q
+from mtad_edge.runtime.ngram import MATCH_EDGES, deterministic_q
 from mtad_edge.runtime.sampling import filtered_logprobs
 
 REPEATS = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # the last bigram recurs: lookup drafts "3 4 1 2"
@@ -64,6 +64,69 @@ def test_greedy_lookup_drafting_gives_greedy_ar(method, drafter, gamma):
         assert st.drafted == st.lookup_drafted and st.accepted == st.lookup_accepted
     else:
         assert st.drafted > st.lookup_drafted  # where lookup found nothing, the aux drafted
+
+
+def test_lookups_of_each_match_class_are_learned_apart(monkeypatch):
+    """A copied passage and a chance bigram are accepted at very different rates: each match class
+    has its own acceptance, taught by its own drafts only."""
+    from mtad_edge.runtime.controller import Model
+    from mtad_edge.runtime.decoding import Generation
+    from mtad_edge.runtime.ngram import NgramDrafter, match_class
+
+    last, drafted_classes = [], set()
+    lookup, lookup_draft = NgramDrafter.lookup, Generation._lookup_draft
+
+    def recording_lookup(self, tokens, gamma):
+        found = lookup(self, tokens, gamma)
+        last[:] = [found]
+        return found
+
+    def recording_draft(self, tokens):
+        drafted_classes.add(match_class(last[0].matched))
+        return lookup_draft(self, tokens)
+
+    monkeypatch.setattr(NgramDrafter, "lookup", recording_lookup)
+    monkeypatch.setattr(Generation, "_lookup_draft", recording_draft)
+    clock, model = FakeClock(), Model()
+    target = FakeLM(salt=1, n_seq_max=9, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
+    model.target.observe(1, 0.0105)  # costs known, as an engine's load-time calibration leaves them
+    model.target.observe(9, 0.0145)
+    prompt = [0, 3] + [1, 2, 3, 4] * 5  # a passage that repeats up to the prompt's end
+    cfg = DecodeConfig("sd", 60, gamma="auto", drafter="ngram", sampling=GREEDY)
+    out, st = generate_tokens(target, None, prompt, cfg, model=model, clock=clock)
+    ar, _ = generate_tokens(target, None, prompt, DecodeConfig("ar", 60, sampling=GREEDY))
+    assert out == ar and st.lookup_drafted > 0
+    taught = {
+        int(key.rsplit(" m", 1)[1])
+        for key, acc in model.acceptance.items()
+        if " lookup m" in key and acc.tries(1, 1) > 0
+    }
+    assert taught == drafted_classes and len(MATCH_EDGES) in taught  # the repeating passage: long matches
+
+
+def test_beside_lookup_the_aux_is_fed_its_prompt_by_its_first_draft_only():
+    """Where the aux does not pay it never drafts beside lookup, and its prompt is never fed (the
+    aux prefill was ngram+aux's loss against lookup alone); drafting alone, it is fed up front."""
+    from mtad_edge.runtime.controller import Model
+
+    prompt = list(range(40))  # no bigram recurs: lookup finds little
+    for drafter in ("ngram+aux", "aux"):
+        clock = FakeClock()
+        target = FakeLM(salt=1, n_seq_max=9, vocab=50, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
+        aux = FakeLM(salt=2, n_seq_max=9, vocab=50, clock=clock, cost=lambda rows: 0.03)  # 3 target steps a call
+        model = Model()
+        model.target.observe(1, 0.0105)
+        model.target.observe(9, 0.0145)
+        model.aux.observe(1, 0.03)
+        model.aux.observe(2, 0.03)
+        cfg = DecodeConfig("sd", 30, gamma="auto", drafter=drafter, sampling=GREEDY)
+        out, st = generate_tokens(target, aux, prompt, cfg, model=model, clock=clock)
+        ar, _ = generate_tokens(target, None, prompt, DecodeConfig("ar", 30, sampling=GREEDY))
+        assert out == ar
+        if drafter == "ngram+aux":
+            assert st.drafted == st.lookup_drafted and aux.held(0) == []  # never drafted, never fed
+        else:
+            assert aux.held(0)[: len(prompt) - 1] == prompt[:-1]
 
 
 def test_lookup_alone_without_a_match_steps_plainly():

@@ -7,7 +7,15 @@ import pytest
 
 from helpers import FakeLM, chi2_critical, chi2_stat, exact_two_token_joint
 from mtad_edge.runtime.config import SamplingConfig
-from mtad_edge.runtime.ngram import NGRAM_MAX, NGRAM_MIN, NgramDrafter, deterministic_q
+from mtad_edge.runtime.ngram import (
+    MATCH_CAP,
+    MATCH_EDGES,
+    NGRAM_MAX,
+    NGRAM_MIN,
+    NgramDrafter,
+    deterministic_q,
+    match_class,
+)
 from mtad_edge.runtime.sampling import filtered_logprobs
 from mtad_edge.runtime.verify import block_verify, speculative_verify
 
@@ -52,6 +60,48 @@ def test_a_longer_match_beats_a_more_recent_shorter_one():
     d = NgramDrafter(n_min=1, n_max=3)
     tokens = [4, 5, 6, 7, 0, 5, 6, 8, 3, 6, 9, 4, 5, 6]  # (4, 5, 6) at 0; (5, 6) at 5; (6,) at 9
     assert d.match_len(tokens) == 3 and drafted(d, tokens, 2) == [7, 0]
+
+
+def agreeing(tokens, n, draft_len):
+    """By its definition: how many tokens before the draft's source equal the context's last ones,
+    found by scanning every earlier position for the one whose continuation is the draft."""
+    tokens = list(tokens)
+    size = len(tokens)
+    for start in range(size - n - 1, -1, -1):
+        if tokens[start : start + n] == tokens[size - n :]:
+            m = n
+            while m < MATCH_CAP and start + n - 1 - m >= 0 and tokens[start + n - 1 - m] == tokens[size - 1 - m]:
+                m += 1
+            return m, tokens[start + n : start + n + draft_len]
+    raise AssertionError("no occurrence")
+
+
+def test_a_lookup_says_how_far_its_match_agrees():
+    d = NgramDrafter(n_min=2, n_max=4)
+    #         0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 16 17 18
+    tokens = [5, 6, 7, 8, 1, 2, 3, 4, 9, 9, 0, 5, 6, 7, 8, 1, 2, 3, 4]
+    found = d.lookup(tokens, 3)
+    assert found.tokens.tolist() == [9, 9, 0] and found.matched == 8  # agrees back to the start
+    found = d.lookup([1, 2, 3, 9, 7, 2, 3], 2)
+    assert found.tokens.tolist() == [9, 7] and found.matched == 2  # (2, 3) only: 1 and 7 differ
+    passage = list(range(100, 140))
+    found = d.lookup(passage + [0] + passage[:30], 4)
+    assert found.tokens.tolist() == passage[30:34] and found.matched == MATCH_CAP  # counted up to the cap
+    rng = np.random.default_rng(3)
+    for _ in range(300):  # against the definition on random text over 4 tokens (many long matches)
+        tokens = rng.integers(0, 4, int(rng.integers(3, 60))).tolist()
+        found = NgramDrafter().lookup(tokens, 5)
+        n, _ = naive(tokens, 5)
+        if not n:
+            assert found is None
+            continue
+        assert (found.matched, found.tokens.tolist()) == agreeing(tokens, n, 5)
+
+
+def test_match_classes_split_at_their_edges():
+    assert [match_class(m) for m in (2, 3)] == [0, 0]
+    assert [match_class(m) for m in MATCH_EDGES] == list(range(1, len(MATCH_EDGES) + 1))
+    assert match_class(MATCH_CAP) == len(MATCH_EDGES)
 
 
 def test_no_match_gives_none():
