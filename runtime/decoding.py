@@ -33,6 +33,11 @@ from .vocab import CrossVocab, VocabMap
 
 TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
 
+# Plain plans in a row after which the aux counts as idle beside prompt lookup, and a request
+# leaves its prompt unfed until it drafts (fed up front, it doubled the time to the first token of
+# the tiny pair, whose aux never pays; at x4, where it does, waiting cost a plain step a request).
+AUX_IDLE_PLANS = 8
+
 
 @dataclass
 class Stats:
@@ -399,10 +404,17 @@ class Generation:
         self.stats.cached_tokens = len(target.held(0))
         feed(target, context, logits="none")
         if self.drafter is not None:
-            # Beside prompt lookup the aux may never draft (where it does not pay): its prompt is
-            # then fed by its first draft, a catch-up the controller prices like any other.
-            unfed = self.drafter.start(self.tokens, prefill=self.lookup is None)
+            unfed = self.drafter.start(self.tokens, prefill=self._aux_prefill())
             self._synced = max(0, len(self.tokens) - unfed)
+
+    def _aux_prefill(self) -> bool:
+        """Whether the aux is fed the prompt up front: unless, beside prompt lookup, its controller
+        has planned no draft for ``AUX_IDLE_PLANS`` steps (where the aux does not pay it may never
+        draft in this request; its first draft then feeds it, a catch-up priced like any other)."""
+        ctrl = self.controller
+        if self.lookup is None or not isinstance(ctrl, Controller):
+            return True
+        return ctrl.acc.since_draft < AUX_IDLE_PLANS
 
     def _drop_caches(self) -> None:
         self.target.clear()

@@ -104,29 +104,33 @@ def test_lookups_of_each_match_class_are_learned_apart(monkeypatch):
     assert taught == drafted_classes and len(MATCH_EDGES) in taught  # the repeating passage: long matches
 
 
-def test_beside_lookup_the_aux_is_fed_its_prompt_by_its_first_draft_only():
-    """Where the aux does not pay it never drafts beside lookup, and its prompt is never fed (the
-    aux prefill was ngram+aux's loss against lookup alone); drafting alone, it is fed up front."""
+def test_beside_lookup_an_idle_aux_is_fed_its_prompt_only_when_it_drafts():
+    """Where the aux does not pay its controller stops planning drafts; beside lookup, the next
+    request then leaves the aux's prompt unfed until the aux drafts (here: never). A fresh engine,
+    or the aux drafting alone, feeds it up front."""
     from mtad_edge.runtime.controller import Model
+    from mtad_edge.runtime.decoding import AUX_IDLE_PLANS
 
     prompt = list(range(40))  # no bigram recurs: lookup finds little
-    for drafter in ("ngram+aux", "aux"):
-        clock = FakeClock()
-        target = FakeLM(salt=1, n_seq_max=9, vocab=50, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
-        aux = FakeLM(salt=2, n_seq_max=9, vocab=50, clock=clock, cost=lambda rows: 0.03)  # 3 target steps a call
-        model = Model()
-        model.target.observe(1, 0.0105)
-        model.target.observe(9, 0.0145)
-        model.aux.observe(1, 0.03)
-        model.aux.observe(2, 0.03)
+    clock = FakeClock()
+    target = FakeLM(salt=1, n_seq_max=9, vocab=50, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
+    aux = FakeLM(salt=2, n_seq_max=9, vocab=50, clock=clock, cost=lambda rows: 0.03)  # 3 target steps a call
+    ar, _ = generate_tokens(target, None, prompt, DecodeConfig("ar", 30, sampling=GREEDY))
+    model = Model()
+    model.target.observe(1, 0.0105)
+    model.target.observe(9, 0.0145)
+    model.aux.observe(1, 0.03)
+    model.aux.observe(2, 0.03)
+    fed = []
+    for drafter in ("ngram+aux", "ngram+aux", "aux"):
+        aux.clear()
         cfg = DecodeConfig("sd", 30, gamma="auto", drafter=drafter, sampling=GREEDY)
         out, st = generate_tokens(target, aux, prompt, cfg, model=model, clock=clock)
-        ar, _ = generate_tokens(target, None, prompt, DecodeConfig("ar", 30, sampling=GREEDY))
-        assert out == ar
-        if drafter == "ngram+aux":
-            assert st.drafted == st.lookup_drafted and aux.held(0) == []  # never drafted, never fed
-        else:
-            assert aux.held(0)[: len(prompt) - 1] == prompt[:-1]
+        assert out == ar and st.drafted == st.lookup_drafted  # the aux never drafted
+        fed.append(aux.held(0)[: len(prompt) - 1] == prompt[:-1])
+    idle = [acc.since_draft for key, acc in model.acceptance.items() if "lookup" not in key]
+    assert max(idle) >= AUX_IDLE_PLANS
+    assert fed == [True, False, True]  # fresh: up front; idle beside lookup: never; alone: up front
 
 
 def test_lookup_alone_without_a_match_steps_plainly():
