@@ -303,8 +303,9 @@ class Generation:
 
     def _plan(self) -> tuple[Plan, Optional[FixedController | Controller], Optional[np.ndarray]]:
         """The step's plan, the controller that made it and, when prompt lookup drafts, its draft:
-        lookup where it found a continuation and its plan (a free draft) is at least as fast as
-        the aux's (with a fixed gamma: wherever it found one), the aux otherwise."""
+        lookup where it found a continuation and chose to draft it (a free draft), unless the aux
+        plans a draft expected to be faster (with a fixed gamma: wherever it found one); the aux's
+        plan otherwise."""
         ctrl = self.controller
         found: Optional[Lookup] = None
         lookup: Optional[FixedController | Controller] = None
@@ -318,7 +319,8 @@ class Generation:
         plan = ctrl.plan(self.max_gamma, len(self.tokens) - self._synced)
         if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
             plan = Plan(0, plan.width)
-        if free is not None and free.gamma and free.rate >= plan.rate:
+        # Lookup chose to draft over a plain step by its own measure; an aux draft it must outpace.
+        if free is not None and free.gamma and (plan.gamma == 0 or free.rate >= plan.rate):
             assert found is not None
             return free, lookup, found.tokens
         return plan, ctrl, None

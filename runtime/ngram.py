@@ -35,14 +35,12 @@ NGRAM_MAX = 4
 # behind occurrence statistics this drafter does not keep, and ngram-simple never goes below its
 # key size. Each rejected draft costs target rows, so a match must be at least a bigram.
 NGRAM_MIN = 2
-# How far back a match is measured: the context and the earlier occurrence agree on their last
-# ``matched`` tokens, counted up to this. A long agreement means the answer is copying a passage
-# (drafts of 8 were kept whole 84 % of the time after 8+ agreeing tokens at T=0 on the grounded
-# prompts, 12 % after a bigram), so it sorts lookups into classes that learn apart (MATCH_EDGES).
+# How far back a match is measured (the context and the earlier occurrence agree on their last
+# ``matched`` tokens, counted up to this): past the top class's edge, more tells nothing new.
 MATCH_CAP = 16
 # Lower edges of the match classes above the first: a bigram or trigram match, 4-7 agreeing
-# tokens, a passage of 8 or more. Each class has its own acceptance, so a copied passage is drafted
-# long while a chance bigram is drafted short or not at all.
+# tokens, a copied passage of 8 or more. A long agreement is kept far more often (docs/drafting.md),
+# so each class learns its own acceptance: a passage is drafted long, a chance bigram short or not.
 MATCH_EDGES = (4, 8)
 
 

@@ -133,6 +133,27 @@ def test_beside_lookup_an_idle_aux_is_fed_its_prompt_only_when_it_drafts():
     assert fed == [True, False, True]  # fresh: up front; idle beside lookup: never; alone: up front
 
 
+def test_beside_an_aux_that_plans_a_plain_step_lookup_drafts_as_it_chose(monkeypatch):
+    """Lookup's controller chose its draft over a plain step by its own measure (its forecasts
+    scaled by what its steps delivered); an aux planning a plain step does not overrule it, while
+    an aux planning a faster draft does."""
+    from mtad_edge.runtime.controller import Controller, Plan
+    from mtad_edge.runtime.decoding import Generation
+
+    target, aux = FakeLM(salt=1, n_seq_max=9), FakeLM(salt=2, n_seq_max=9)
+    cfg = DecodeConfig("sd", 8, gamma="auto", drafter="ngram+aux", sampling=GREEDY)
+    gen = Generation(target, aux, [0, 3] + [1, 2, 3, 4] * 5, cfg)
+    assert isinstance(gen.controller, Controller)
+    lookup_plan = Plan(3, 1, tokens=2.0, seconds=0.02)  # 100 tokens/s as forecast, unscaled
+    for ctrl in gen.lookup_controllers:
+        monkeypatch.setattr(ctrl, "plan", lambda max_gamma, lag=0: lookup_plan)
+    for aux_plan, drafts_lookup in ((Plan(0, 1, 1.0, 0.005), True), (Plan(4, 1, 4.0, 0.02), False)):
+        monkeypatch.setattr(gen.controller, "plan", lambda max_gamma, lag=0, p=aux_plan: p)
+        plan, _, found = gen._plan()
+        assert (plan is lookup_plan and found is not None) == drafts_lookup
+        assert drafts_lookup or (plan is aux_plan and found is None)
+
+
 def test_lookup_alone_without_a_match_steps_plainly():
     target = FakeLM(salt=1, n_seq_max=5, vocab=50)
     prompt = list(range(10))  # no bigram recurs, and a sharp-ish 50-token model rarely repeats one
