@@ -382,6 +382,12 @@ class Controller:
             calls_s = self.step_seconds(drafted, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
         m.observe_overhead(bool(drafted), seconds - calls_s)
 
+    def observe_plain(self, seconds: float) -> None:
+        """A plain step another controller planned where this one too had planned none: it earns
+        this one's next probe as its own plain steps do (beside the aux, prompt lookup's classes
+        would otherwise never probe again once they stop drafting)."""
+        self.acc.plain_s += seconds
+
     def observe_beams(self, width: int, rows: Sequence[int]) -> None:
         """A draft at ``width`` made aux calls of these rows after its first (its live beams)."""
         self.acc.beams.observe(width, rows)

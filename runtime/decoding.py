@@ -192,6 +192,7 @@ class Generation:
             seen,
         )
         self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
+        self._consulted: Optional[FixedController | Controller] = None  # the lookup controller of this step
 
     def _controller(self) -> Optional[FixedController | Controller]:
         """The aux's: ``--gamma N`` with a fixed width is a controller that always answers (N, w);
@@ -312,6 +313,7 @@ class Generation:
         if self.lookup is not None:  # a step with no match is planned by the weakest class's controller
             found = self.lookup.lookup(self.tokens, self.max_gamma)
             lookup = self.lookup_controllers[match_class(found.matched) if found is not None else 0]
+        self._consulted = lookup
         free = lookup.plan(len(found.tokens) if found is not None else 0) if lookup is not None else None
         if free is not None and (ctrl is None or (free.gamma and not isinstance(ctrl, Controller))):
             return free, lookup, found.tokens if found is not None and free.gamma else None
@@ -388,6 +390,9 @@ class Generation:
                 ctrl.observe_tree(plan.width, result.tree_nodes)
             k, cum = (result.accepted, draft.cum_logq) if draft is not None else (None, np.zeros(0))
             ctrl.observe_step(plan, k, cum, seconds, calls_s)
+        consulted = self._consulted
+        if draft is None and isinstance(consulted, Controller) and consulted is not ctrl:
+            consulted.observe_plain(seconds)  # lookup planned none and the aux stepped plainly
         drafted = len(draft.tokens) if draft is not None else 0
         st.gamma_hist[drafted] = st.gamma_hist.get(drafted, 0) + 1
         if drafted:

@@ -154,6 +154,29 @@ def test_beside_an_aux_that_plans_a_plain_step_lookup_drafts_as_it_chose(monkeyp
         assert drafts_lookup or (plan is aux_plan and found is None)
 
 
+def test_a_plain_step_beside_the_aux_earns_lookups_next_probe_too(monkeypatch):
+    """Where lookup planned no draft and the aux stepped plainly, the plain step counts toward
+    lookup's probe budget as its own plain steps do: else a lookup class that stopped drafting
+    beside the aux never probes again (and ngram+aux drafts less than ngram alone)."""
+    from mtad_edge.runtime.controller import Plan
+    from mtad_edge.runtime.decoding import Generation
+    from mtad_edge.runtime.ngram import match_class
+
+    target, aux = FakeLM(salt=1, n_seq_max=9), FakeLM(salt=2, n_seq_max=9)
+    prompt = [0, 3] + [1, 2, 3, 4] * 5
+    for drafter in ("ngram", "ngram+aux"):
+        cfg = DecodeConfig("sd", 8, gamma="auto", drafter=drafter, sampling=GREEDY)
+        gen = Generation(target, aux if drafter != "ngram" else None, prompt, cfg)
+        ctrl = gen.lookup_controllers[match_class(16)]
+        monkeypatch.setattr(ctrl, "plan", lambda max_gamma, lag=0: Plan(0, 1, 1.0, 0.01))
+        if gen.controller is not None:
+            monkeypatch.setattr(gen.controller, "plan", lambda max_gamma, lag=0: Plan(0, 1, 1.0, 0.01))
+        gen._prefill()
+        before = ctrl.acc.plain_s
+        gen._step()
+        assert gen.stats.drafted == 0 and ctrl.acc.plain_s > before, drafter
+
+
 def test_lookup_alone_without_a_match_steps_plainly():
     target = FakeLM(salt=1, n_seq_max=5, vocab=50)
     prompt = list(range(10))  # no bigram recurs, and a sharp-ish 50-token model rarely repeats one
