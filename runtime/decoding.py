@@ -192,7 +192,6 @@ class Generation:
             seen,
         )
         self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
-        self._consulted: Optional[FixedController | Controller] = None  # the lookup controller of this step
 
     def _controller(self) -> Optional[FixedController | Controller]:
         """The aux's: ``--gamma N`` with a fixed width is a controller that always answers (N, w);
@@ -282,7 +281,7 @@ class Generation:
         learn."""
         st, clock = self.stats, self.clock
         t0 = clock()
-        plan, ctrl, found = self._plan()
+        plan, ctrl, found, idle_lookup = self._plan()
         t1 = clock()
         draft = None
         if found is not None:
@@ -296,27 +295,28 @@ class Generation:
         t3 = clock()
         new = self._commit(result, draft, found is not None)
         t4 = clock()
-        self._learn(plan, ctrl, draft, result, t4 - t0)
+        self._learn(plan, ctrl, draft, result, t4 - t0, idle_lookup)
         st.controller_s += (t1 - t0) + (clock() - t4)
         st.draft_s += t2 - t1
         st.verify_s += t3 - t2
         return new
 
-    def _plan(self) -> tuple[Plan, Optional[FixedController | Controller], Optional[np.ndarray]]:
+    def _plan(
+        self,
+    ) -> tuple[Plan, Optional[FixedController | Controller], Optional[np.ndarray], Optional[Controller]]:
         """The step's plan, the controller that made it and, when prompt lookup drafts, its draft:
         lookup where it found a continuation and chose to draft it (a free draft), unless the aux
         plans a draft expected to be faster (with a fixed gamma: wherever it found one); the aux's
-        plan otherwise."""
+        plan otherwise, with the lookup controller it passed over (a plain step teaches it too)."""
         ctrl = self.controller
         found: Optional[Lookup] = None
         lookup: Optional[FixedController | Controller] = None
         if self.lookup is not None:  # a step with no match is planned by the weakest class's controller
             found = self.lookup.lookup(self.tokens, self.max_gamma)
             lookup = self.lookup_controllers[match_class(found.matched) if found is not None else 0]
-        self._consulted = lookup
         free = lookup.plan(len(found.tokens) if found is not None else 0) if lookup is not None else None
         if free is not None and (ctrl is None or (free.gamma and not isinstance(ctrl, Controller))):
-            return free, lookup, found.tokens if found is not None and free.gamma else None
+            return free, lookup, found.tokens if found is not None and free.gamma else None, None
         assert ctrl is not None
         plan = ctrl.plan(self.max_gamma, len(self.tokens) - self._synced)
         if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
@@ -324,8 +324,8 @@ class Generation:
         # Lookup chose to draft over a plain step by its own measure; an aux draft it must outpace.
         if free is not None and free.gamma and (plan.gamma == 0 or free.rate >= plan.rate):
             assert found is not None
-            return free, lookup, found.tokens
-        return plan, ctrl, None
+            return free, lookup, found.tokens, None
+        return plan, ctrl, None, lookup if isinstance(lookup, Controller) else None
 
     def _draft(self, plan: Plan) -> Draft:
         assert self.drafter is not None
@@ -370,6 +370,7 @@ class Generation:
         draft: Optional[Draft],
         result: StepResult,
         seconds: float,
+        idle_lookup: Optional[Controller] = None,
     ) -> None:
         """Teach the cost tables and the controller that planned the step what its calls took and
         what it delivered."""
@@ -390,9 +391,8 @@ class Generation:
                 ctrl.observe_tree(plan.width, result.tree_nodes)
             k, cum = (result.accepted, draft.cum_logq) if draft is not None else (None, np.zeros(0))
             ctrl.observe_step(plan, k, cum, seconds, calls_s)
-        consulted = self._consulted
-        if draft is None and isinstance(consulted, Controller) and consulted is not ctrl:
-            consulted.observe_plain(seconds)  # lookup planned none and the aux stepped plainly
+        if draft is None and idle_lookup is not None:
+            idle_lookup.observe_plain(seconds)  # lookup planned none and the aux stepped plainly
         drafted = len(draft.tokens) if draft is not None else 0
         st.gamma_hist[drafted] = st.gamma_hist.get(drafted, 0) + 1
         if drafted:

@@ -149,7 +149,7 @@ def test_beside_an_aux_that_plans_a_plain_step_lookup_drafts_as_it_chose(monkeyp
         monkeypatch.setattr(ctrl, "plan", lambda max_gamma, lag=0: lookup_plan)
     for aux_plan, drafts_lookup in ((Plan(0, 1, 1.0, 0.005), True), (Plan(4, 1, 4.0, 0.02), False)):
         monkeypatch.setattr(gen.controller, "plan", lambda max_gamma, lag=0, p=aux_plan: p)
-        plan, _, found = gen._plan()
+        plan, _, found, _ = gen._plan()
         assert (plan is lookup_plan and found is not None) == drafts_lookup
         assert drafts_lookup or (plan is aux_plan and found is None)
 
