@@ -96,12 +96,10 @@ class NgramDrafter:
             return None
         stop = min(start + n + gamma, len(tokens))
         draft = np.array([int(t) for t in tokens[start + n : stop]], dtype=np.int64)
-        matched, end = n, len(tokens) - n  # compare backwards from the key's first token
-        while matched < MATCH_CAP and start - 1 - (matched - n) >= 0:
-            j = matched - n + 1
-            if int(tokens[start - j]) != int(tokens[end - j]):
-                break
-            matched += 1
+        # Walk back from before the key, at the occurrence (i) and at the context's end (k) alike.
+        matched, i, k = n, start - 1, len(tokens) - n - 1
+        while matched < MATCH_CAP and i >= 0 and int(tokens[i]) == int(tokens[k]):
+            matched, i, k = matched + 1, i - 1, k - 1
         return Lookup(draft, matched)
 
     def match_len(self, tokens: Sequence[int]) -> int:
