@@ -3,6 +3,7 @@ import pytest
 
 from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.sampling import (
+    FEW_KEPT,
     filtered_logprobs,
     log_softmax,
     sample,
@@ -94,7 +95,14 @@ def test_invalid_sampling_config(kw):
 
 
 @pytest.mark.parametrize(
-    "cfg", [SamplingConfig(), SamplingConfig(0.7, 40, 0.95), SamplingConfig(1.3, 5, 1.0), SamplingConfig(1.0, 0, 0.9)]
+    "cfg",
+    [
+        SamplingConfig(),
+        SamplingConfig(0.7, 40, 0.95),
+        SamplingConfig(1.3, 5, 1.0),
+        SamplingConfig(1.0, 0, 0.9),
+        SamplingConfig(0.8, FEW_KEPT + 36, 0.9),  # past FEW_KEPT: the numpy route
+    ],
 )
 def test_sampling_from_logits_draws_what_the_filtered_row_draws(cfg):
     """The plain step's shortcut: the same token as sample(filtered_logprobs(...)) for the same
