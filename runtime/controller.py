@@ -40,6 +40,7 @@ class Plan:
     tokens: float = 0.0  # expected committed tokens (0: no prediction)
     seconds: float = 0.0  # expected wall seconds
     timed: bool = True  # whether timings backed the forecast (else its costs are in rows, not seconds)
+    alone: bool = False  # a tree method verifies the best beam alone (MTAD's straight verify)
 
     @property
     def rate(self) -> float:
@@ -67,6 +68,9 @@ class FixedController:
         pass
 
     def observe_tree(self, width: int, per_depth: Sequence[int]) -> None:
+        pass
+
+    def observe_alone(self, width: int, k: int, cum_logq: Floats) -> None:
         pass
 
 
@@ -160,6 +164,9 @@ PROBE_MAX = 64  # the longest wait between probes; each probe that loses doubles
 PROBE_SOON = 2  # the wait after a probe that beat a plain step clearly (PROBE_WIN)
 STRETCH_EVERY = 16  # drafting steps between stretches: one token more than the plan, where that depth is new
 STRETCH_TRIES = 8.0  # a depth drafted this often (decayed) is measured: no more stretching to it
+# MMTAD: trees verified at a width (decayed) before the best beam alone may replace them there. The
+# priors make a tree and its best beam look alike, so unmeasured the cheaper straight verify would win.
+TREE_TRIES = 8.0
 
 
 class Controller:
@@ -176,6 +183,10 @@ class Controller:
     probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux feeding the tokens it
     skipped (``lag``), which is what a probe costs most where drafting does not pay: probes then
     come early in a request, or not at all in a long one, and cost at most a few per cent.
+
+    A tree method (MMTAD) also weighs, at each width, verifying the best beam alone (``Plan.alone``:
+    MTAD's straight verify, fewer rows) against the tree, from what each tree's best beam would
+    have kept alone; once ``TREE_TRIES`` trees are measured at that width.
     """
 
     def __init__(
@@ -190,6 +201,11 @@ class Controller:
         self.model, self.acc = model, model.for_key(key)
         self.acc.follow = gammas[0] >= 1  # no plain steps to lose to optimism (Acceptance.survival)
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
+        # A tree method may verify the best beam alone where its tree does not pay: what that keeps
+        # is learned apart, from every tree (its best beam's own test) and every such step.
+        self.alone: Optional[Acceptance] = model.for_key(f"{key} best beam") if tree else None
+        if self.alone is not None:
+            self.alone.follow = self.acc.follow
         self.free = free  # drafts cost no aux call (prompt lookup): a step is its verify alone
         self._plan: Optional[Plan] = None
         self._probing = False
@@ -200,9 +216,20 @@ class Controller:
         self._beam_s: Optional[dict[int, list[float]]] = None
         self._first_aux: Optional[tuple[float, float]] = None
 
-    def verify_rows(self, gamma: int, width: int) -> int:
+    def table(self, alone: bool) -> Acceptance:
+        """What a plan's drafts keep: a tree's (or a straight draft's), or its best beam's alone."""
+        return self.alone if alone and self.alone is not None else self.acc
+
+    def verifies(self, width: int) -> tuple[bool, ...]:
+        """The verifies a draft at ``width`` may get, as ``Plan.alone``: a tree method's tree or
+        its best beam alone (one beam is a path: verified straight, the same test for less)."""
+        if not self.tree:
+            return (False,)
+        return (True,) if width == 1 else (False, True)
+
+    def verify_rows(self, gamma: int, width: int, alone: bool = False) -> int:
         """Rows of the target call: the pending token plus the draft, or plus the tree's nodes."""
-        if not self.tree or gamma == 0:
+        if not self.tree or gamma == 0 or alone:
             return gamma + 1
         return 1 + round(self.nodes(gamma, width))
 
@@ -241,24 +268,31 @@ class Controller:
             cum.append(cum[-1] + call)
         return cum
 
-    def step_seconds(self, gamma: int, width: int, lag: int = 0, survivals: Optional[list[float]] = None) -> float:
+    def step_seconds(
+        self, gamma: int, width: int, lag: int = 0, survivals: Optional[list[float]] = None, alone: bool = False
+    ) -> float:
         """Expected wall seconds of a step; ``lag``: committed tokens the aux must feed first;
-        ``survivals``: P(k >= j) at ``width`` for j up to at least ``gamma``, if at hand."""
+        ``survivals``: P(k >= j) at ``width`` for j up to at least ``gamma``, if at hand;
+        ``alone``: a tree method verifies the best beam alone."""
         m = self.model
         if gamma == 0:
             return m.target(1) + m.overhead
-        verify = m.tree if self.tree and m.tree.known else m.target
-        seconds = verify(self.verify_rows(gamma, width)) + m.draft_overhead
+        # A tree's price bounds a straight call's of as many rows: until one is measured, its stand-in.
+        verify = m.tree if self.tree and m.tree.known and (not alone or not m.target.known) else m.target
+        seconds = verify(self.verify_rows(gamma, width, alone)) + m.draft_overhead
         if self.free:
             return seconds
-        return seconds + self.first_aux_s(gamma, width, survivals) + self.beam_calls_s(gamma, width) + m.catchup_s(lag)
+        first = self.first_aux_s(gamma, width, survivals, alone)
+        return seconds + first + self.beam_calls_s(gamma, width) + m.catchup_s(lag)
 
-    def first_aux_s(self, gamma: int, width: int, survivals: Optional[list[float]] = None) -> float:
+    def first_aux_s(
+        self, gamma: int, width: int, survivals: Optional[list[float]] = None, alone: bool = False
+    ) -> float:
         """A draft's first aux call feeds the target's bonus token, and also its last drafted token
         when the whole draft was accepted (no beam's cache holds it): in steady drafting, two rows
         with the chance P(k >= gamma)."""
         one, second = self._first_aux if self._first_aux is not None else self._first_aux_rows()
-        whole = survivals[gamma] if survivals is not None else self.acc.survival(width, gamma)
+        whole = survivals[gamma] if survivals is not None else self.table(alone).survival(width, gamma)
         return one + whole * second
 
     def _first_aux_rows(self) -> tuple[float, float]:
@@ -276,9 +310,13 @@ class Controller:
         self._beam_s, self._first_aux = {}, self._first_aux_rows()  # the tables do not change while it plans
         options = []
         for w in self.widths:
-            survivals = self.acc.survivals(w, gammas[-1])
-            tokens = list(accumulate(survivals))  # 1 + sum_{d<=g} P(k >= d): expected tokens at each g
-            options += [Plan(g, w, tokens[g], max(self.step_seconds(g, w, 0, survivals), 1e-12)) for g in gammas]
+            for alone in self.verifies(w):
+                survivals = self.table(alone).survivals(w, gammas[-1])
+                tokens = list(accumulate(survivals))  # 1 + sum_{d<=g} P(k >= d): expected tokens at each g
+                options += [
+                    Plan(g, w, tokens[g], max(self.step_seconds(g, w, 0, survivals, alone), 1e-12), alone=alone)
+                    for g in gammas
+                ]
         acc = self.acc
         # Each kind's forecasts against what they delivered: both compared at their mean.
         delivered, plain = acc.delivered.factor(), acc.plain_delivered.factor()
@@ -298,13 +336,14 @@ class Controller:
             drafts = [p for p in options if p.gamma > 0]
             if drafts and acc.since_draft >= acc.probe_every:  # a probe: the best draft, if earned
                 probe = max(drafts, key=lambda p: p.rate)
-                loss = self.step_seconds(probe.gamma, probe.width, lag) - probe.tokens * best.seconds / plain
+                loss = self.step_seconds(probe.gamma, probe.width, lag, alone=probe.alone)
+                loss -= probe.tokens * best.seconds / plain
                 if unknown or loss <= PROBE_BUDGET * acc.plain_s:
                     acc.since_draft, acc.probe_every = 0, min(acc.probe_every * 2, PROBE_MAX)
                     best, self._probing = probe, True
         else:
             acc.since_draft, acc.probe_every = 0, PROBE_FIRST
-            best = self._stretch(best, options)
+            best = self._try_tree(self._stretch(best, options), options)
         best.timed = not unknown
         self._plan, self._beam_s, self._first_aux = best, None, None
         return best
@@ -317,11 +356,22 @@ class Controller:
         acc = self.acc
         acc.since_stretch += 1
         self._stretching = False
-        longer = next((p for p in options if p.gamma == best.gamma + 1 and p.width == best.width), None)
-        if longer is None or acc.since_stretch < STRETCH_EVERY or acc.tries(best.width, longer.gamma) >= STRETCH_TRIES:
+        longer = next(
+            (p for p in options if (p.gamma, p.width, p.alone) == (best.gamma + 1, best.width, best.alone)), None
+        )
+        if longer is None or acc.since_stretch < STRETCH_EVERY:
+            return best
+        if self.table(best.alone).tries(best.width, longer.gamma) >= STRETCH_TRIES:
             return best
         acc.since_stretch, self._stretching = 0, True
         return longer
+
+    def _try_tree(self, best: Plan, options: list[Plan]) -> Plan:
+        """MMTAD: the tree instead of the best beam alone while fewer than ``TREE_TRIES`` trees
+        have been verified at that width, so that the two are compared as measured."""
+        if not best.alone or best.width == 1 or self.acc.tries(best.width, 1) >= TREE_TRIES:
+            return best
+        return next((p for p in options if (p.gamma, p.width, p.alone) == (best.gamma, best.width, False)), best)
 
     def keep_going(self, depth: int, cum_logq: float) -> bool:
         """After ``depth`` drafted tokens whose best beam has cumulative log q ``cum_logq``: is
@@ -335,16 +385,16 @@ class Controller:
             return False
         if self._stretching or depth < min(plan.gamma, self.gammas[0]):  # a stretch, or the method's floor (MTAD: 4)
             return True
-        acc, w = self.acc, plan.width
+        acc, w, alone = self.table(plan.alone), plan.width, plan.alone
         survival = acc.survivals(w, plan.gamma)
         now = max(survival[depth], 1e-9)
         sure = acc.given_confidence(w, cum_logq)
-        seconds, tokens = self.step_seconds(depth, w, 0, survival), sum(survival[: depth + 1])
+        seconds, tokens = self.step_seconds(depth, w, 0, survival, alone), sum(survival[: depth + 1])
         gain = 0.0
         for d in range(depth + 1, plan.gamma + 1):
             gain += sure * survival[d] / now
             # (tokens + gain) / step_seconds(d) beats tokens / seconds
-            if (tokens + gain) * seconds > tokens * self.step_seconds(d, w, 0, survival):
+            if (tokens + gain) * seconds > tokens * self.step_seconds(d, w, 0, survival, alone):
                 return True
         return False
 
@@ -357,7 +407,7 @@ class Controller:
         m = self.model
         drafted = len(cum_logq) if k is not None else 0
         if k is not None and drafted:
-            self.acc.observe(plan.width, k, cum_logq)
+            self.table(plan.alone).observe(plan.width, k, cum_logq)
             # A probe that beat a plain step's speed clearly (tokens per second of that very step,
             # by PROBE_WIN) hints at a new regime: look again soon. One that found tokens but only
             # drew level, or lost, does not (where drafting does not pay, lucky probes would
@@ -371,7 +421,7 @@ class Controller:
                 self.acc.probe_every = PROBE_SOON
             self.acc.plain_s = 0.0
             if not m.frozen and plan.timed:
-                self.acc.delivered.add(steady, self.step_seconds(drafted, plan.width))
+                self.acc.delivered.add(steady, self.step_seconds(drafted, plan.width, alone=plan.alone))
         elif k is None:
             self.acc.plain_s += seconds
             if not m.frozen and plan.timed:
@@ -379,7 +429,8 @@ class Controller:
         if m.frozen:
             return
         if calls_s is None:
-            calls_s = self.step_seconds(drafted, plan.width, self._lag) - (m.draft_overhead if drafted else m.overhead)
+            calls_s = self.step_seconds(drafted, plan.width, self._lag, alone=plan.alone)
+            calls_s -= m.draft_overhead if drafted else m.overhead
         m.observe_overhead(bool(drafted), seconds - calls_s)
 
     def observe_plain(self, seconds: float) -> None:
@@ -387,6 +438,11 @@ class Controller:
         this one's next probe as its own plain steps do (beside the aux, prompt lookup's classes
         would otherwise never probe again once they stop drafting)."""
         self.acc.plain_s += seconds
+
+    def observe_alone(self, width: int, k: int, cum_logq: Floats) -> None:
+        """A tree at ``width`` whose best beam, verified alone, would have kept k tokens."""
+        if self.alone is not None:
+            self.alone.observe(width, k, cum_logq)
 
     def observe_beams(self, width: int, rows: Sequence[int]) -> None:
         """A draft at ``width`` made aux calls of these rows after its first (its live beams)."""

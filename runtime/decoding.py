@@ -60,6 +60,7 @@ class Stats:
     finish_reason: str = ""
     gamma_hist: dict[int, int] = field(default_factory=dict)  # drafted length -> steps (0: plain target steps)
     width_hist: dict[int, int] = field(default_factory=dict)  # beam width -> drafting steps
+    alone_steps: int = 0  # MMTAD: drafting steps that verified the best beam alone, not the tree
     predicted_tokens: float = 0.0  # the controller's expected committed tokens, summed over steps
     predicted_s: float = 0.0  # and its expected seconds
     controller_s: float = 0.0  # time spent choosing (gamma, width) and learning
@@ -288,6 +289,9 @@ class Generation:
             draft = self._lookup_draft(found[: plan.gamma])
         elif plan.gamma and self.drafter is not None:
             draft = self._draft(plan)
+            if plan.alone:  # a tree method verifies the best beam alone where its tree does not pay
+                draft = draft.best_only()
+                st.alone_steps += 1
         t2 = clock()
         if self.view.seen is not None and draft is not None:
             self.view.seen.sync(self.tokens)
@@ -389,6 +393,8 @@ class Generation:
         if ctrl is not None:
             if result.tree_nodes is not None:
                 ctrl.observe_tree(plan.width, result.tree_nodes)
+            if result.alone_accepted is not None and draft is not None:
+                ctrl.observe_alone(plan.width, result.alone_accepted, draft.cum_logq)
             k, cum = (result.accepted, draft.cum_logq) if draft is not None else (None, np.zeros(0))
             ctrl.observe_step(plan, k, cum, seconds, calls_s)
         if draft is None and idle_lookup is not None:

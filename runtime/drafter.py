@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -48,6 +48,11 @@ class Draft:
         if not full or self.dead is None or not len(self.dead):
             return self.beams
         return np.concatenate([self.beams, self.dead[:, : self.beams.shape[1]]])
+
+    def best_only(self) -> Draft:
+        """The best beam alone, for a tree method verifying it as MTAD does (the drafter keeps its
+        own index of that beam for ``commit``)."""
+        return replace(self, beams=self.tokens[None], beams_logq=self.logq_x[None], best=0, dead=None)
 
     @property
     def cum_logq(self) -> np.ndarray:

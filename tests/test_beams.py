@@ -1,13 +1,19 @@
 """What a beam draft costs when its beams collapse, depth by depth, and how far MTAD drafts: the
 controller's pure logic, then the loop on fake backends."""
 
+import time
+
+import numpy as np
 import pytest
 
-from helpers import scripted_pair
+from helpers import FakeLM, scripted_pair
 from mtad_edge.runtime.acceptance import Acceptance, Beams
+from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.controller import Controller, Model
+from mtad_edge.runtime.controller import Controller, Model, Plan
 from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.drafter import Draft
+from mtad_edge.runtime.methods import StepView, get
 
 
 def shares(beams, width, depth):
@@ -179,3 +185,84 @@ def test_a_depth_drafted_once_is_read_as_the_depths_before_it_predict():
         low.observe(1, 0, [-0.1, -0.2])
     low.observe(1, 3, [-0.1, -0.2, -0.3])
     assert low.survival(1, 3) == pytest.approx((1 + 0.6) / 2)
+
+
+def tree_machine() -> Model:
+    """A straight verify of 10 ms plus 1 ms a row; a tree's rows cost four times as much (a tree
+    mask on a CPU); the aux 1 ms a row."""
+    model = Model()
+    for rows in (1, 2, 5, 9, 13, 17):
+        model.target.observe(rows, 0.010 + 0.001 * rows)
+        model.tree.observe(rows, 0.010 + 0.004 * rows)
+    for rows in (1, 2, 3, 4):
+        model.aux.observe(rows, 0.001 * rows)
+    return model
+
+
+@pytest.mark.parametrize("tree_k, alone_k, alone", [(5, 5, True), (5, 0, False)])
+def test_mmtad_verifies_the_best_beam_alone_where_its_tree_keeps_no_more(tree_k, alone_k, alone):
+    """A tree that keeps what its best beam alone keeps pays for rows it does not need: MMTAD then
+    verifies the best beam alone (MTAD's straight verify). A tree that keeps more stays. Before
+    trees are measured at a width, the tree is verified (the priors would make the two tie)."""
+    ctrl = Controller(tree_machine(), "mmtad", range(4, 6), (4,), tree=True)
+    first = ctrl.plan(5)
+    assert first.gamma and not first.alone
+    cum = [-0.1 * d for d in range(1, 6)]
+    for _ in range(30):
+        ctrl.observe_step(Plan(5, 4), tree_k, cum, 0.05)
+        ctrl.observe_alone(4, alone_k, cum)
+    plan = ctrl.plan(5)
+    assert plan.gamma and plan.alone is alone
+    assert plan.seconds == pytest.approx(ctrl.step_seconds(plan.gamma, 4, alone=alone, survivals=None))
+
+
+def test_a_straight_method_never_plans_the_best_beam_alone():
+    ctrl = Controller(tree_machine(), "mtad", range(4, 6), (1, 2, 4), tree=False)
+    assert ctrl.verifies(4) == (False,) and not ctrl.plan(5).alone
+    tree = Controller(tree_machine(), "mmtad", range(4, 6), (1, 2), tree=True)
+    assert tree.verifies(1) == (True,) and tree.verifies(2) == (False, True)  # one beam: always straight
+
+
+def step_view(target, tokens, threshold=0.3):
+    sampling = SamplingConfig(1.0, 0, 1.0)
+    target.clear()
+    target.decode(Batch.run(tokens[:-1], 0, logits="none"))
+    return StepView(
+        target, list(tokens), sampling, threshold, "final", "block", 1.0, np.random.default_rng(0), time.perf_counter
+    )
+
+
+def test_mmtad_verifies_one_beam_as_mtad_does_and_tells_a_tree_what_its_best_beam_alone_keeps():
+    """One beam (width 1, lookup, or the best beam alone) gets MTAD's straight verify: the same
+    step as MTAD's, priced as a straight call. A tree step reports what its best beam would have
+    kept verified alone: MTAD's own result on that beam."""
+    target = FakeLM(salt=3, sharpness=2.5, n_seq_max=5)
+    tokens = [1, 2, 3]
+    beams = np.array([[0, 4, 2, 2], [0, 4, 1, 3], [2, 1, 2, 0]])
+    beams_logq = np.log(np.array([[0.9, 0.8, 0.7, 0.6], [0.9, 0.1, 0.5, 0.5], [0.05, 0.5, 0.5, 0.5]]))
+    checked = 0
+    for best in range(3):
+        draft = Draft(beams[best], beams_logq[best], None, beams, beams_logq, best)
+        alone = get("mmtad").step(step_view(target, tokens), 4, 3, draft.best_only())
+        mtad = get("mtad").step(step_view(target, tokens), 4, 3, draft.best_only())
+        assert (alone.tokens, alone.accepted) == (mtad.tokens, mtad.accepted)
+        assert not alone.calls[0].tree and alone.beam is None and alone.alone_accepted is None
+        tree = get("mmtad").step(step_view(target, tokens), 4, 3, draft)
+        assert tree.calls[0].tree and tree.alone_accepted == mtad.accepted
+        assert tree.accepted >= mtad.accepted  # the tree holds the best beam
+        checked += tree.accepted > mtad.accepted
+    assert checked  # some tree kept more than its best beam alone
+
+
+def test_the_loop_verifies_the_best_beam_alone_once_trees_keep_no_more():
+    """The aux is the target: every beam is kept whole, so a tree keeps no more than its best beam
+    and costs more rows. After trees are measured, MMTAD verifies the best beam alone; the caches
+    still hold exactly the committed text."""
+    clock, target, aux = scripted_pair(aux_salt=1, aux_cost=lambda rows: 0.001)
+    gen = Generation(target, aux, [1, 2, 3], DecodeConfig("mmtad", 300, gamma="auto", gamma_max=6), clock=clock)
+    out = [t for b in gen for t in b]
+    assert len(out) == 300
+    assert 0 < gen.stats.alone_steps < sum(gen.stats.width_hist.values())
+    assert gen.model.tree.table  # trees were verified first
+    assert target.held(0) == gen.tokens[:-1]
+    assert gen.tokens[: len(aux.held(0))] == aux.held(0)

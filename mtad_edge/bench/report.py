@@ -239,15 +239,19 @@ def _controller_table(methods: dict) -> list[str]:
         return []
     lines = [
         "",
-        "Drafting choices (target calls per gamma / width):",
+        "Drafting choices (target calls per gamma / width; MMTAD: how many verified the best beam alone):",
         "",
         "| variant | gamma histogram | width histogram | predicted tok/s | realised tok/s | controller time |",
         "|---|---|---|---|---|---|",
     ]
+
+    def alone(a: dict) -> str:
+        return f" (best beam alone: {a['alone_steps']})" if a.get("alone_steps") else ""
+
     for m, a in rows:
         hist = lambda h: ", ".join(f"{k}: {n}" for k, n in (h or {}).items()) or "–"  # noqa: E731
         lines.append(
-            f"| {m} | {hist(a.get('gamma_hist'))} | {hist(a.get('width_hist'))} "
+            f"| {m} | {hist(a.get('gamma_hist'))} | {hist(a.get('width_hist'))}{alone(a)} "
             f"| {_fmt(a.get('predicted_tokens_per_s'), '.1f')} | {_fmt(a['tokens_per_s'], '.1f')} "
             f"| {_fmt(_share(a.get('controller_s'), a.get('decode_s')), '.2%')} of decoding |"
         )

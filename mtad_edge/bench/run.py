@@ -182,6 +182,7 @@ CONTROLLER_KEYS = (
     "gamma_min",
     "lookup_drafted",
     "lookup_accepted",
+    "alone_steps",
 )
 VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 
@@ -283,6 +284,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             "accept_length_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
             "gamma_hist": _hist(mine, "gamma_hist"),
             "width_hist": _hist(mine, "width_hist"),
+            "alone_steps": sum(r.get("alone_steps", 0) for r in mine),
             "predicted_tokens_per_s": statistics.median(predicted) if predicted else None,
             "controller_s": sum(r.get("controller_s", 0.0) for r in mine),
             "decode_s": _total(mine, "decode_s"),

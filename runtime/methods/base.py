@@ -82,13 +82,15 @@ class StepResult:
     """What a step did. ``tokens``: the text it adds (accepted drafted tokens, then the target's
     own token; at least one). ``accepted``: how many drafted tokens were kept (None: no draft).
     ``beam``: the draft beam they came from (None: the best). ``calls``: its target calls.
-    ``tree_nodes``: MMTAD's verified tree, nodes per depth."""
+    ``tree_nodes``: MMTAD's verified tree, nodes per depth. ``alone_accepted``: what the tree's best
+    beam would have kept verified alone (MTAD's test), which the controller weighs the tree against."""
 
     tokens: list[int]
     accepted: Optional[int] = None
     beam: Optional[int] = None
     calls: list[Call] = field(default_factory=list)
     tree_nodes: Optional[list[int]] = None
+    alone_accepted: Optional[int] = None
 
 
 class Method:

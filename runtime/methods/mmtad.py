@@ -1,5 +1,6 @@
 """``mmtad``: MTAD verifying all w final beams at once as a token tree (one target pass), keeping
-the best among the deepest passing prefixes."""
+the best among the deepest passing prefixes; or, where the controller finds the tree does not pay
+for its rows, the best beam alone, as MTAD does."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import numpy as np
 from ..drafter import Draft, beam_cells, beam_slots
 from ..sampling import filtered_logprobs, sample
 from ..tree import TokenTree, TreeVerifier, greedy_tree_accept, mmtad_accept
+from ..verify import greedy_accept_length, mtad_accept_length
 from .base import Call, Layout, Method, StepResult, StepView, plain_step, repeat_bars
-from .mtad import JOINT_FLOOR
+from .mtad import JOINT_FLOOR, joint_step
 
 
 class MMTAD(Method):
@@ -31,19 +33,29 @@ class MMTAD(Method):
         if draft is None:
             return plain_step(run)
         paths = draft.paths(full=run.tree == "full")  # (n, gamma), -1 past a dead end
+        if len(paths) == 1:  # one beam (width 1, prompt lookup, the best beam alone): a straight verify
+            return joint_step(run, draft)
         tree = TokenTree.from_beams(paths)
         verifier = TreeVerifier(run.target)
         t0, pending = run.clock(), len(run.tokens) - len(run.target.held(0))
         p = filtered_logprobs(verifier.logits(run.tokens, tree), run.sampling)  # row 0: the root
         call = Call(pending + len(tree), run.clock() - t0, tree=True)
         rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
+        best = draft.best  # the final beams come first in paths
         if run.sampling.greedy:
-            k, b = greedy_tree_accept(paths, np.argmax(p, axis=-1)[rows])
+            argmax_along = np.argmax(p, axis=-1)[rows]
+            k, b = greedy_tree_accept(paths, argmax_along)
+            alone = greedy_accept_length(paths[best], argmax_along[best])
         else:
             logp_x = np.where(paths >= 0, p[rows, np.maximum(paths, 0)], -np.inf)
             bars = repeat_bars(run, paths)
             k, b = mmtad_accept(np.cumsum(logp_x, axis=1), np.cumsum(draft.logq_x), run.accept_threshold, bars)
+            alone = mtad_accept_length(
+                logp_x[best], draft.logq_x, run.accept_threshold, None if bars is None else bars[best]
+            )
         nxt = sample(p[1 + tree.node_of[b, k - 1] if k else 0], run.rng)
         verifier.adopt(len(run.tokens), b, k, len(paths))
         nodes = [tree.depth.count(d) for d in range(1, paths.shape[1] + 1)]
-        return StepResult([*map(int, paths[b, :k]), nxt], k, beam=b, calls=[call], tree_nodes=nodes)
+        return StepResult(
+            [*map(int, paths[b, :k]), nxt], k, beam=b, calls=[call], tree_nodes=nodes, alone_accepted=alone
+        )

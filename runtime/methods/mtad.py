@@ -28,15 +28,18 @@ class MTAD(Method):
         return Layout(1, gamma + 1, beam_slots(width), beam_cells(width, gamma))
 
     def step(self, run: StepView, gamma: int, width: int, draft: Optional[Draft]) -> StepResult:
-        if draft is None:
-            return plain_step(run)
-        p, call = target_logp(run, draft.tokens)
-        n = len(draft.tokens)
-        if run.sampling.greedy:
-            k = greedy_accept_length(draft.tokens, np.argmax(p[:n], axis=-1))
-        else:
-            bars = repeat_bars(run, draft.tokens)
-            k = mtad_accept_length(
-                p[np.arange(n), draft.tokens], draft.logq_x, run.accept_threshold, None if bars is None else bars[0]
-            )
-        return StepResult([*map(int, draft.tokens[:k]), sample(p[k], run.rng)], k, calls=[call])
+        return plain_step(run) if draft is None else joint_step(run, draft)
+
+
+def joint_step(run: StepView, draft: Draft) -> StepResult:
+    """One target call on the draft's best beam, MTAD's joint test on it, the bonus token."""
+    p, call = target_logp(run, draft.tokens)
+    n = len(draft.tokens)
+    if run.sampling.greedy:
+        k = greedy_accept_length(draft.tokens, np.argmax(p[:n], axis=-1))
+    else:
+        bars = repeat_bars(run, draft.tokens)
+        k = mtad_accept_length(
+            p[np.arange(n), draft.tokens], draft.logq_x, run.accept_threshold, None if bars is None else bars[0]
+        )
+    return StepResult([*map(int, draft.tokens[:k]), sample(p[k], run.rng)], k, calls=[call])
