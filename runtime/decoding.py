@@ -334,14 +334,18 @@ class Generation:
     def _draft(self, plan: Plan) -> Draft:
         assert self.drafter is not None
         keep_going = self.controller.keep_going if isinstance(self.controller, Controller) else None
-        return self.drafter.propose(
-            self.tokens, plan.gamma, plan.width, rows=self.method.wants_q_rows, keep_going=keep_going
-        )
+        return self.drafter.propose(self.tokens, plan.gamma, plan.width, rows=self._q_rows, keep_going=keep_going)
+
+    @property
+    def _q_rows(self) -> bool:
+        """Whether a draft carries its full q rows: for lossless sd when sampling (at temperature
+        0 every rule keeps the leading run of the target's argmax and reads no q)."""
+        return self.method.wants_q_rows and not self.cfg.sampling.greedy
 
     def _lookup_draft(self, tokens: np.ndarray) -> Draft:
         """A prompt-lookup draft: deterministic, so q is one-hot on it (log q = 0)."""
-        logq_x, rows = deterministic_q(tokens, self.target.n_vocab)
-        return Draft(tokens, logq_x, rows if self.method.wants_q_rows else None, tokens[None], logq_x[None])
+        logq_x, rows = deterministic_q(tokens, self.target.n_vocab) if self._q_rows else (np.zeros(len(tokens)), None)
+        return Draft(tokens, logq_x, rows, tokens[None], logq_x[None])
 
     def _commit(self, result: StepResult, draft: Optional[Draft], looked_up: bool) -> list[int]:
         """Keep what the step accepted: the target's sequence 0 keeps the pending token and the k

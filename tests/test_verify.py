@@ -1,10 +1,16 @@
 import math
+import time
 
 import numpy as np
 import pytest
 
-from helpers import chi2_critical, chi2_stat
-from mtad_edge.runtime.sampling import sample
+from helpers import FakeLM, chi2_critical, chi2_stat
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.config import SamplingConfig
+from mtad_edge.runtime.drafter import Draft
+from mtad_edge.runtime.methods import StepView, get
+from mtad_edge.runtime.ngram import deterministic_q
+from mtad_edge.runtime.sampling import filtered_logprobs, sample
 from mtad_edge.runtime.verify import (
     block_residual,
     block_stop_prob,
@@ -364,3 +370,43 @@ def test_empty_draft_samples_the_target_row():
     p_row = L([0.2, 0.8])[None]
     outs = [block_verify(p_row, np.zeros((0, 2)), np.zeros(0, dtype=np.int64), rng) for _ in range(2000)]
     assert {k for k, _ in outs} == {0} and 0.75 < np.mean([y for _, y in outs]) < 0.85
+
+
+@pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
+def test_at_temperature_zero_a_step_reads_only_the_targets_argmax(method):
+    """p is one-hot at temperature 0, so every rule keeps the leading run of drafted tokens equal
+    to the target's argmax, then takes the argmax there: a step gives that without building
+    filtered rows (sd needs no q rows then), as the block rule does on the full rows."""
+    greedy = SamplingConfig(temperature=0.0)
+    target = FakeLM(vocab=5, salt=3, sharpness=2.5, n_seq_max=5)
+    tokens, data = [1, 2, 3], np.random.default_rng(0)
+    kept = set()
+    for _ in range(40):
+        top = [int(np.argmax(target.logits_for(tokens)))]
+        draft_tokens = np.array([top[0] if data.random() < 0.7 else int(data.integers(5))])
+        while len(draft_tokens) < 4:  # mostly the target's own continuation, so runs of every length occur
+            ctx = tokens + draft_tokens.tolist()
+            top.append(int(np.argmax(target.logits_for(ctx))))
+            x = top[-1] if data.random() < 0.7 else int(data.integers(5))
+            draft_tokens = np.append(draft_tokens, x)
+        top.append(int(np.argmax(target.logits_for(tokens + draft_tokens.tolist()))))
+        k = next((d for d in range(4) if draft_tokens[d] != top[d]), 4)
+        beams = np.stack([draft_tokens, (draft_tokens + 1) % 5])  # mmtad: a second beam, never better here
+        logq = np.zeros(4)
+        draft = Draft(draft_tokens, logq, None, beams if method == "mmtad" else draft_tokens[None], np.zeros((2, 4)))
+        target.clear()
+        target.decode(Batch.run(tokens[:-1], 0, logits="none"))
+        view = StepView(
+            target, list(tokens), greedy, 0.5, "final", "block", 1.0, np.random.default_rng(0), time.perf_counter
+        )
+        result = get(method).step(view, 4, 2, draft)
+        if method == "mmtad" and result.beam == 1:  # the other beam matched longer: its own run
+            continue
+        assert (result.accepted, result.tokens) == (k, [*draft_tokens[:k].tolist(), top[k]])
+        p = filtered_logprobs(
+            np.stack([target.logits_for(tokens + draft_tokens[:d].tolist()) for d in range(5)]), greedy
+        )
+        _, q_rows = deterministic_q(draft_tokens, 5)
+        assert block_verify(p, q_rows, draft_tokens, np.random.default_rng(1)) == (k, top[k])
+        kept.add(k)
+    assert kept == {0, 1, 2, 3, 4}

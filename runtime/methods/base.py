@@ -19,6 +19,7 @@ from ..backend import Backend, TokenIds, feed
 from ..drafter import Draft
 from ..repeats import Seen
 from ..sampling import Filter, filtered_logprobs, sample_logits
+from ..verify import greedy_accept_length
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,22 @@ def target_logp(run: StepView, draft: TokenIds = ()) -> tuple[np.ndarray, Call]:
     logits = feed(run.target, run.tokens, draft, logits="all" if len(draft) else "last")
     p = filtered_logprobs(logits, run.sampling)
     return p, Call(rows, run.clock() - t0)
+
+
+def target_argmax(run: StepView, draft: TokenIds = ()) -> tuple[np.ndarray, Call]:
+    """Temperature 0: the call of ``target_logp``, each row's most likely token only (p is
+    one-hot there, so every rule keeps the leading run of drafted tokens equal to it)."""
+    t0, rows = run.clock(), len(run.tokens) - len(run.target.held(0)) + len(draft)
+    logits = feed(run.target, run.tokens, draft, logits="all" if len(draft) else "last")
+    return np.argmax(logits, axis=-1), Call(rows, run.clock() - t0)
+
+
+def greedy_step(run: StepView, draft: Draft) -> StepResult:
+    """Temperature 0, one drafted path (sd, mtad): the drafted tokens up to the first that is not
+    the target's argmax, then the target's own token there."""
+    top, call = target_argmax(run, draft.tokens)
+    k = greedy_accept_length(draft.tokens, top)
+    return StepResult([*map(int, draft.tokens[:k]), int(top[k])], k, calls=[call])
 
 
 def plain_step(run: StepView) -> StepResult:

@@ -38,14 +38,15 @@ class MMTAD(Method):
         tree = TokenTree.from_beams(paths)
         verifier = TreeVerifier(run.target)
         t0, pending = run.clock(), len(run.tokens) - len(run.target.held(0))
-        p = filtered_logprobs(verifier.logits(run.tokens, tree), run.sampling)  # row 0: the root
+        logits = verifier.logits(run.tokens, tree)  # row 0: the root
+        greedy = run.sampling.greedy  # p one-hot: each row's argmax is all a rule needs
+        p = np.argmax(logits, axis=-1) if greedy else filtered_logprobs(logits, run.sampling)
         call = Call(pending + len(tree), run.clock() - t0, tree=True)
         rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
         best = draft.best  # the final beams come first in paths
-        if run.sampling.greedy:
-            argmax_along = np.argmax(p, axis=-1)[rows]
-            k, b = greedy_tree_accept(paths, argmax_along)
-            alone = greedy_accept_length(paths[best], argmax_along[best])
+        if greedy:
+            k, b = greedy_tree_accept(paths, p[rows])
+            alone = greedy_accept_length(paths[best], p[rows][best])
         else:
             logp_x = np.where(paths >= 0, p[rows, np.maximum(paths, 0)], -np.inf)
             bars = repeat_bars(run, paths)
@@ -53,7 +54,8 @@ class MMTAD(Method):
             alone = mtad_accept_length(
                 logp_x[best], draft.logq_x, run.accept_threshold, None if bars is None else bars[best]
             )
-        nxt = sample(p[1 + tree.node_of[b, k - 1] if k else 0], run.rng)
+        row = 1 + tree.node_of[b, k - 1] if k else 0
+        nxt = int(p[row]) if greedy else sample(p[row], run.rng)
         verifier.adopt(len(run.tokens), b, k, len(paths))
         nodes = [tree.depth.count(d) for d in range(1, paths.shape[1] + 1)]
         return StepResult(

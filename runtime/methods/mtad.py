@@ -9,8 +9,8 @@ import numpy as np
 
 from ..drafter import Draft, beam_cells, beam_slots
 from ..sampling import sample
-from ..verify import greedy_accept_length, mtad_accept_length
-from .base import Layout, Method, StepResult, StepView, plain_step, repeat_bars, target_logp
+from ..verify import mtad_accept_length
+from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, repeat_bars, target_logp
 
 # A short draft makes the joint test less joint and gives MTAD's perplexity gain away (one token
 # is a per-token test), so gamma 'auto' drafts at least the paper's gamma 4 when sampling, unless
@@ -33,13 +33,12 @@ class MTAD(Method):
 
 def joint_step(run: StepView, draft: Draft) -> StepResult:
     """One target call on the draft's best beam, MTAD's joint test on it, the bonus token."""
+    if run.sampling.greedy:
+        return greedy_step(run, draft)
     p, call = target_logp(run, draft.tokens)
     n = len(draft.tokens)
-    if run.sampling.greedy:
-        k = greedy_accept_length(draft.tokens, np.argmax(p[:n], axis=-1))
-    else:
-        bars = repeat_bars(run, draft.tokens)
-        k = mtad_accept_length(
-            p[np.arange(n), draft.tokens], draft.logq_x, run.accept_threshold, None if bars is None else bars[0]
-        )
+    bars = repeat_bars(run, draft.tokens)
+    k = mtad_accept_length(
+        p[np.arange(n), draft.tokens], draft.logq_x, run.accept_threshold, None if bars is None else bars[0]
+    )
     return StepResult([*map(int, draft.tokens[:k]), sample(p[k], run.rng)], k, calls=[call])

@@ -7,7 +7,7 @@ from typing import Optional
 
 from ..drafter import Draft, beam_cells, beam_slots
 from ..verify import block_verify, speculative_verify
-from .base import Layout, Method, StepResult, StepView, plain_step, target_logp
+from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, target_logp
 
 
 class SD(Method):
@@ -22,6 +22,8 @@ class SD(Method):
     def step(self, run: StepView, gamma: int, width: int, draft: Optional[Draft]) -> StepResult:
         if draft is None:
             return plain_step(run)
+        if run.sampling.greedy:  # p one-hot: both rules keep the leading run of the target's argmax
+            return greedy_step(run, draft)
         assert draft.q_rows is not None
         p, call = target_logp(run, draft.tokens)
         rule = block_verify if run.verify == "block" else speculative_verify
