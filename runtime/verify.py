@@ -103,7 +103,8 @@ def block_stop_prob(p_logp: np.ndarray, q_logp: np.ndarray, w: np.ndarray, i: in
         return 1.0
     if i == gamma:
         return float(w[gamma])
-    mass = float(np.maximum(w[i] * np.exp(p_logp[i]) - np.exp(q_logp[i]), 0.0).sum())
+    x = _support(p_logp[i])  # max(0, w p - q) vanishes where p does: sum over p's support only
+    mass = float(np.maximum(w[i] * np.exp(p_logp[i, x]) - np.exp(q_logp[i, x]), 0.0).sum())
     denom = mass + (1.0 - float(w[i]))  # not (mass + 1) - w_i: that rounds h above 1 at w_i = 1
     return min(1.0, mass / denom) if denom > 0 else 0.0
 
@@ -115,12 +116,21 @@ def block_residual(p_logp: np.ndarray, q_logp: np.ndarray, w: np.ndarray, tau: i
     back to the target row, as ``speculative_verify`` does."""
     if tau == len(w) - 1:
         return np.asarray(p_logp[tau])
-    residual = np.maximum(w[tau] * np.exp(p_logp[tau]) - np.exp(q_logp[tau]), 0.0)
+    x = _support(p_logp[tau])
+    residual = np.maximum(w[tau] * np.exp(p_logp[tau, x]) - np.exp(q_logp[tau, x]), 0.0)
     total = residual.sum()
     if total <= 0:
         return np.asarray(p_logp[tau])
+    out = np.full(p_logp.shape[-1], -np.inf)
     with np.errstate(divide="ignore"):
-        return np.asarray(np.log(residual / total))
+        out[x] = np.log(residual / total)
+    return out
+
+
+def _support(logp_row: np.ndarray) -> np.ndarray:
+    """The tokens a filtered row keeps (top-k / top-p leave a few of a whole vocabulary): the
+    block rule's sums and residual over the rest are zero, so they are computed over these."""
+    return np.flatnonzero(logp_row > -np.inf)
 
 
 def mtad_accept_length(
