@@ -45,8 +45,9 @@ class MMTAD(Method):
         rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
         best = draft.best  # the final beams come first in paths
         if greedy:
-            k, b = greedy_tree_accept(paths, p[rows])
-            alone = greedy_accept_length(paths[best], p[rows][best])
+            along = p[rows]  # the target's argmax at each beam token
+            k, b = greedy_tree_accept(paths, along)
+            alone = greedy_accept_length(paths[best], along[best])
         else:
             logp_x = np.where(paths >= 0, p[rows, np.maximum(paths, 0)], -np.inf)
             bars = repeat_bars(run, paths)
