@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, TypeVar
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from ..drafter import Draft
 from ..repeats import Seen
 from ..sampling import Filter, filtered_logprobs, sample_logits
 from ..verify import greedy_accept_length
+
+R = TypeVar("R")  # what a step reads from a target call's logits
 
 
 @dataclass(frozen=True)
@@ -121,27 +123,24 @@ class Method:
         raise NotImplementedError
 
 
+def target_call(run: StepView, read: Callable[[np.ndarray], R], draft: TokenIds = ()) -> tuple[R, Call]:
+    """One target call on the pending token plus ``draft`` (logits of every draft position plus
+    one; the last row alone without a draft), read by ``read`` within the call's timing: what a
+    step makes of the rows is part of the call's price."""
+    t0, rows = run.clock(), len(run.tokens) - len(run.target.held(0)) + len(draft)
+    logits = feed(run.target, run.tokens, draft, logits="all" if len(draft) else "last")
+    return read(logits), Call(rows, run.clock() - t0)
+
+
 def target_logp(run: StepView, draft: TokenIds = ()) -> tuple[np.ndarray, Call]:
-    """One target call on the pending token plus ``draft``: filtered log p for every draft
-    position plus one (one row without a draft), and the call."""
-    t0, rows = run.clock(), len(run.tokens) - len(run.target.held(0)) + len(draft)
-    logits = feed(run.target, run.tokens, draft, logits="all" if len(draft) else "last")
-    p = filtered_logprobs(logits, run.sampling)
-    return p, Call(rows, run.clock() - t0)
-
-
-def target_argmax(run: StepView, draft: TokenIds = ()) -> tuple[np.ndarray, Call]:
-    """Temperature 0: the call of ``target_logp``, each row's most likely token only (p is
-    one-hot there, so every rule keeps the leading run of drafted tokens equal to it)."""
-    t0, rows = run.clock(), len(run.tokens) - len(run.target.held(0)) + len(draft)
-    logits = feed(run.target, run.tokens, draft, logits="all" if len(draft) else "last")
-    return np.argmax(logits, axis=-1), Call(rows, run.clock() - t0)
+    """Filtered log p for every draft position plus one, and the call."""
+    return target_call(run, lambda logits: filtered_logprobs(logits, run.sampling), draft)
 
 
 def greedy_step(run: StepView, draft: Draft) -> StepResult:
     """Temperature 0, one drafted path (sd, mtad): the drafted tokens up to the first that is not
     the target's argmax, then the target's own token there."""
-    top, call = target_argmax(run, draft.tokens)
+    top, call = target_call(run, lambda logits: np.argmax(logits, axis=-1), draft.tokens)  # p is one-hot
     k = greedy_accept_length(draft.tokens, top)
     return StepResult([*map(int, draft.tokens[:k]), int(top[k])], k, calls=[call])
 
@@ -149,7 +148,5 @@ def greedy_step(run: StepView, draft: Draft) -> StepResult:
 def plain_step(run: StepView) -> StepResult:
     """One target call on the pending token, one sampled token (ar, and a drafting method's step
     where its controller chose gamma 0)."""
-    t0 = run.clock()
-    rows = len(run.tokens) - len(run.target.held(0))
-    token = sample_logits(feed(run.target, run.tokens, logits="last")[-1], run.sampling, run.rng)
-    return StepResult([token], calls=[Call(rows, run.clock() - t0)])
+    token, call = target_call(run, lambda logits: sample_logits(logits[-1], run.sampling, run.rng))
+    return StepResult([token], calls=[call])
