@@ -356,9 +356,7 @@ class Controller:
         acc = self.acc
         acc.since_stretch += 1
         self._stretching = False
-        longer = next(
-            (p for p in options if (p.gamma, p.width, p.alone) == (best.gamma + 1, best.width, best.alone)), None
-        )
+        longer = _option(options, best.gamma + 1, best.width, best.alone)
         if longer is None or acc.since_stretch < STRETCH_EVERY:
             return best
         if self.table(best.alone).tries(best.width, longer.gamma) >= STRETCH_TRIES:
@@ -371,7 +369,7 @@ class Controller:
         have been verified at that width, so that the two are compared as measured."""
         if not best.alone or best.width == 1 or self.acc.tries(best.width, 1) >= TREE_TRIES:
             return best
-        return next((p for p in options if (p.gamma, p.width, p.alone) == (best.gamma, best.width, False)), best)
+        return _option(options, best.gamma, best.width, alone=False) or best
 
     def keep_going(self, depth: int, cum_logq: float) -> bool:
         """After ``depth`` drafted tokens whose best beam has cumulative log q ``cum_logq``: is
@@ -454,3 +452,8 @@ class Controller:
         for d, n in enumerate(per_depth, start=1):
             old = known.get((width, d))
             known[(width, d)] = n if old is None else old + EMA_ALPHA * (n - old)
+
+
+def _option(options: list[Plan], gamma: int, width: int, alone: bool) -> Optional[Plan]:
+    """The plan among ``options`` with this gamma, width and verify, if there is one."""
+    return next((p for p in options if (p.gamma, p.width, p.alone) == (gamma, width, alone)), None)
