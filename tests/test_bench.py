@@ -15,6 +15,7 @@ from mtad_edge.bench.run import projection, run_order, time_split
 from mtad_edge.cli import cli
 from mtad_edge.logprobs import token_logprobs
 from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.sampling import log_softmax
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -169,9 +170,25 @@ def test_native_tool_output_is_parsed(tmp_path):
     )
     b = llama_bench(tmp_path, tmp_path / "t.gguf", 128, 2)
     assert b["tokens_per_s"] == 140.5
+    args = b["command"].split()
+    assert args[args.index("-d") + 1] == "0"  # no prompt: tg from an empty cache
+
     s = speculative_simple(tmp_path, tmp_path / "t.gguf", tmp_path / "d.gguf", "hi", 256, 2, 4)
     assert (s["generated"], s["tokens_per_s"], s["drafted"], s["accepted"]) == (261, 73.775, 327, 179)
     assert s["acceptance_rate"] == pytest.approx(179 / 327)
+
+
+def test_llama_bench_is_measured_after_as_many_cached_tokens_as_our_runs(tmp_path):
+    """Our tok/s is measured after the prompt; llama-bench's tg after -d cached tokens is its peer
+    (and tg after none is kept beside it); output it cannot read is a one-line error."""
+    entries = [{"n_depth": 0, "avg_ts": 62.0, "stddev_ts": 0.4}, {"n_depth": 23, "avg_ts": 60.5, "stddev_ts": 0.5}]
+    _fake_tool(tmp_path, "llama-bench", stdout=json.dumps(entries))
+    b = llama_bench(tmp_path, tmp_path / "t.gguf", 128, 2, depth=23)
+    assert "-d 0,23" in b["command"]
+    assert (b["tokens_per_s"], b["depth"], b["tokens_per_s_depth_0"]) == (60.5, 23, 62.0)
+    _fake_tool(tmp_path, "llama-bench", stdout="not json")
+    with pytest.raises(MtadEdgeError, match="llama-bench printed no result"):
+        llama_bench(tmp_path, tmp_path / "t.gguf", 128, 2, depth=23)
 
 
 @pytest.mark.slow
@@ -208,6 +225,9 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
     assert r.exit_code == 0, r.output
     native = json.loads((out / "results.json").read_text())["native"]
     assert native["llama-bench tg target"]["tokens_per_s"] == 140.5
+    report_md = (out / "report.md").read_text()
+    ar = json.loads((out / "results.json").read_text())["methods"]["ar"]["tokens_per_s"]
+    assert f"ar runs {ar / 140.5:.3f}x llama-bench's tg" in report_md
     spec = native["speculative-simple temp 0, draft 4"]
     assert spec["tokens_per_s"] == pytest.approx(80.0) and spec["acceptance_rate"] == pytest.approx(0.75)
     assert "Native llama.cpp" in (out / "report.md").read_text()

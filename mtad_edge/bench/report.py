@@ -66,9 +66,16 @@ def report_markdown(results: dict) -> str:
             "|---|---|---|---|",
         ]
         for key, n in native.items():
-            lines.append(
-                f"| {n['tool']} | {key} | {_fmt(n['tokens_per_s'], '.1f')} | {_fmt(n.get('acceptance_rate'), '.1%')} |"
-            )
+            setting, speed, rate = key, _fmt(n["tokens_per_s"], ".1f"), _fmt(n.get("acceptance_rate"), ".1%")
+            if n.get("depth"):  # tg after the prompts' median length, as our tok/s; then after none
+                setting += (
+                    f", after {n['depth']} tokens (after none: {_fmt(n.get('tokens_per_s_depth_0'), '.1f')} tok/s)"
+                )
+            lines.append(f"| {n['tool']} | {setting} | {speed} | {rate} |")
+        tg, ar = native.get("llama-bench tg target"), (results.get("methods") or {}).get("ar")
+        if tg and ar and tg.get("tokens_per_s") and ar.get("tokens_per_s"):
+            ratio = ar["tokens_per_s"] / tg["tokens_per_s"]
+            lines += ["", f"ar runs {ratio:.3f}x llama-bench's tg (median against mean)."]
     if results.get("sweep"):
         lines += [
             "",

@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import json
 import platform
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -258,7 +259,9 @@ def bench(
         "paired": paired(rows) or None,
         "frontier": frontier(agg) or None,
         "resolution": resolution(agg) or None,
-        "native": _native(llama_cpp_bin, paths, rendered, base, threads) if llama_cpp_bin else None,
+        "native": _native(llama_cpp_bin, paths, rendered, base, threads, _median_prompt(rows))
+        if llama_cpp_bin
+        else None,
         "sweep": sweep_rows or None,
         "learned_costs": _learned_costs(learned),
         "runs": rows,
@@ -305,11 +308,18 @@ def _variant_json(v: Variant) -> dict[str, Any]:
     return {"label": v.label, "method": v.method, "options": dict(v.options)}
 
 
-def _native(bin_dir, paths, rendered, base, threads) -> dict:
-    """llama-bench (AR, target alone) and llama-speculative-simple (greedy, same gamma) per prompt."""
+def _median_prompt(rows: list[dict[str, Any]]) -> int:
+    """The runs' median prompt length in tokens: the cache depth their decoding starts from."""
+    return int(statistics.median(r["prompt_tokens"] for r in rows)) if rows else 0
+
+
+def _native(bin_dir, paths, rendered, base, threads, depth: int) -> dict:
+    """llama-bench (AR, target alone, after ``depth`` cached tokens) and llama-speculative-simple
+    (greedy, same gamma) per prompt."""
     if paths.aux is None:
         raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
-    res = {"llama-bench tg target": native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads)}
+    tg = native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads, depth)
+    res = {"llama-bench tg target": tg}
     runs = [
         native.speculative_simple(
             Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.max_gamma
