@@ -225,6 +225,7 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
     assert r.exit_code == 0, r.output
     native = json.loads((out / "results.json").read_text())["native"]
     assert native["llama-bench tg target"]["tokens_per_s"] == 140.5
+    assert native["llama-bench tg target"]["tokens_per_s_before_after"] == [140.5, 140.5]  # ran on both sides of ours
     report_md = (out / "report.md").read_text()
     ar = json.loads((out / "results.json").read_text())["methods"]["ar"]["tokens_per_s"]
     assert f"ar runs {ar / 140.5:.3f}x llama-bench's tg" in report_md

@@ -52,6 +52,12 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depth: 
     }
 
 
+def mean_of(before: dict, after: dict) -> dict:
+    """One llama-bench figure from runs before and after ours: the mean, both kept."""
+    mean = {k: (before[k] + after[k]) / 2 for k in ("tokens_per_s", "tokens_per_s_depth_0")}
+    return {**after, **mean, "tokens_per_s_before_after": [before["tokens_per_s"], after["tokens_per_s"]]}
+
+
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 
 

@@ -67,10 +67,10 @@ def report_markdown(results: dict) -> str:
         ]
         for key, n in native.items():
             setting, speed, rate = key, _fmt(n["tokens_per_s"], ".1f"), _fmt(n.get("acceptance_rate"), ".1%")
-            if n.get("depth"):  # tg after the prompts' median length, as our tok/s; then after none
-                setting += (
-                    f", after {n['depth']} tokens (after none: {_fmt(n.get('tokens_per_s_depth_0'), '.1f')} tok/s)"
-                )
+            if "depth" in n:  # tg after the prompts' median length, as our tok/s, before and after ours
+                ends = " / ".join(_fmt(x, ".1f") for x in n.get("tokens_per_s_before_after") or [])
+                bare = _fmt(n.get("tokens_per_s_depth_0"), ".1f")
+                setting += f", after {n['depth']} cached tokens, before / after our runs {ends} (no cache: {bare})"
             lines.append(f"| {n['tool']} | {setting} | {speed} | {rate} |")
         tg, ar = native.get("llama-bench tg target"), (results.get("methods") or {}).get("ar")
         if tg and ar and tg.get("tokens_per_s") and ar.get("tokens_per_s"):

@@ -211,6 +211,16 @@ def bench(
             )
             if judging.same_file(Path(str(judge_pair.target)), paths.target):
                 _say(f"bench: the judge {judge_ref} is the target itself: its PPL is not independent")
+        # llama-bench's tg runs before and after ours (the machine's speed drifts over minutes), after
+        # as many cached tokens as our runs' median prompt
+        tg_before = None
+        if llama_cpp_bin:
+            if paths.aux is None:
+                raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
+            depth = int(statistics.median(len(engine.tokenize(t)) for t in rendered)) if rendered else 0
+            tg_before = native.llama_bench(
+                Path(llama_cpp_bin), Path(str(paths.target)), base.max_tokens, threads, depth
+            )
         bar = stack.enter_context(click.progressbar(length=total, label="bench", file=sys.stderr))
         rows = run_bench(engine, prompts, cfg, bar.update, judge)
         sweep_rows = []
@@ -259,9 +269,7 @@ def bench(
         "paired": paired(rows) or None,
         "frontier": frontier(agg) or None,
         "resolution": resolution(agg) or None,
-        "native": _native(llama_cpp_bin, paths, rendered, base, threads, _median_prompt(rows))
-        if llama_cpp_bin
-        else None,
+        "native": _native(llama_cpp_bin, paths, rendered, base, threads, tg_before) if tg_before else None,
         "sweep": sweep_rows or None,
         "learned_costs": _learned_costs(learned),
         "runs": rows,
@@ -308,17 +316,11 @@ def _variant_json(v: Variant) -> dict[str, Any]:
     return {"label": v.label, "method": v.method, "options": dict(v.options)}
 
 
-def _median_prompt(rows: list[dict[str, Any]]) -> int:
-    """The runs' median prompt length in tokens: the cache depth their decoding starts from."""
-    return int(statistics.median(r["prompt_tokens"] for r in rows)) if rows else 0
-
-
-def _native(bin_dir, paths, rendered, base, threads, depth: int) -> dict:
-    """llama-bench (AR, target alone, after ``depth`` cached tokens) and llama-speculative-simple
-    (greedy, same gamma) per prompt."""
-    if paths.aux is None:
-        raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
-    tg = native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads, depth)
+def _native(bin_dir, paths, rendered, base, threads, tg_before: dict) -> dict:
+    """llama-bench (AR, target alone: the mean of ``tg_before`` our runs and another after them)
+    and llama-speculative-simple (greedy, same gamma) per prompt."""
+    after = native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads, tg_before["depth"])
+    tg = native.mean_of(tg_before, after)
     res = {"llama-bench tg target": tg}
     runs = [
         native.speculative_simple(
