@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import Backend, Batch, common_prefix, feed
 from .repeats import Seen, ban
-from .sampling import Filter, RankAt1, filtered_logprobs, sample_without_replacement
+from .sampling import Filter, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
 from .vocab import CrossVocab
 
 # Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
@@ -143,7 +143,7 @@ class BeamDrafter:
             self.seen.sync(ctx)
         t0, pending = clock(), len(ctx) - len(model.held(0))
         beam_tok = np.zeros((1, 0), dtype=np.int64)
-        logq = self._no_repeats(self._logq(feed(model, ctx)[-1:]), beam_tok)  # (1, V) rows of the current beams
+        ids, logq = self._rows(feed(model, ctx)[-1:], beam_tok, rows)  # the current beams' rows
         seqs = [0]  # sequence of each current beam
         beam_logq = np.zeros((1, 0))
         beam_rows = np.zeros((1, 0, logq.shape[-1])) if rows else None
@@ -153,18 +153,19 @@ class BeamDrafter:
         dead: list[np.ndarray] = []
         rng = None if self.greedy else self.rng
         for d in range(gamma):
-            cand = score[:, None] + logq  # (beams, V) joint log q of every extension
+            cand = score[:, None] + logq  # joint log q of every extension the rows hold
             pick = sample_without_replacement(cand, width, rng)
             calls.append((pending if d == 0 else len(seqs), clock() - t0))  # an aux call and its selection
-            parent, tok = np.divmod(pick, logq.shape[-1])
+            parent, col = np.divmod(pick, logq.shape[-1])
+            tok = col if ids is None else ids[parent, col]
             gone = np.setdiff1d(np.arange(len(beam_tok)), parent)
             if d and len(gone):  # these prefixes have no child at this depth: dead ends
                 dead.append(np.pad(beam_tok[gone], ((0, 0), (0, gamma - d)), constant_values=-1))
             beam_tok = np.concatenate([beam_tok[parent], tok[:, None]], axis=1)
-            beam_logq = np.concatenate([beam_logq[parent], logq[parent, tok][:, None]], axis=1)
+            beam_logq = np.concatenate([beam_logq[parent], logq[parent, col][:, None]], axis=1)
             if beam_rows is not None:
                 beam_rows = np.concatenate([beam_rows[parent], logq[parent][:, None]], axis=1)
-            score = cand[parent, tok]
+            score = cand[parent, col]
             seqs = [seqs[j] for j in parent]  # each beam's cache: its parent's, without `tok`
             if d == gamma - 1 or (keep_going is not None and not keep_going(d + 1, float(score.max()))):
                 break
@@ -176,7 +177,7 @@ class BeamDrafter:
                 model.rollback(s, 0)
                 model.copy_seq(seqs[j], s)
                 batch.add(tok[j], base + d, (s,), True)
-            logq = self._no_repeats(self._logq(model.decode(batch)), beam_tok)
+            ids, logq = self._rows(model.decode(batch), beam_tok, rows)
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
         self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
@@ -206,13 +207,25 @@ class BeamDrafter:
             path = self._beam_aux[b] if b < finals else self._dead_aux[b - finals]
             self.cross.accepted(self.ctx, path, k)
 
-    def _no_repeats(self, logq: np.ndarray, beam_tok: np.ndarray) -> np.ndarray:
+    def _rows(self, logits: np.ndarray, beam_tok: np.ndarray, full: bool) -> tuple[Optional[np.ndarray], np.ndarray]:
+        """Each current beam's filtered log q: (ids, rows) over its top-k tokens alone where top-k
+        keeps a few (the same draws as full rows, for a fraction of the numpy work per aux call),
+        else (None, rows over the whole vocabulary); ``full`` asks for the latter."""
+        kept = None if full or self.cross is not None else kept_logprobs(logits, self.score_cfg)
+        if kept is None:
+            return None, self._no_repeats(self._logq(logits), beam_tok)
+        return kept[0], self._no_repeats(kept[1], beam_tok, kept[0])
+
+    def _no_repeats(self, logq: np.ndarray, beam_tok: np.ndarray, ids: Optional[np.ndarray] = None) -> np.ndarray:
         """Each beam's row without the tokens that would repeat an n-gram of the text (no_repeat);
         a beam left with none dies, and where every beam would, the rows stay as they were (a
-        draft needs a token)."""
+        draft needs a token). ``ids``: the rows' token ids (else a row is the whole vocabulary)."""
         if self.seen is None:
             return logq
-        rows = np.stack([ban(row, self.seen.followers(self.ctx, beam)) for row, beam in zip(logq, beam_tok)])
+        followers = [self.seen.followers(self.ctx, beam) for beam in beam_tok]
+        rows = np.stack(
+            [ban(row, f, None if ids is None else ids[j]) for j, (row, f) in enumerate(zip(logq, followers))]
+        )
         return rows if np.isfinite(rows).any() else logq
 
     def _logq(self, logits: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ the q it drew from, and sd's verify rules use that q.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -63,13 +64,14 @@ class Seen:
         return out
 
 
-def ban(logq: np.ndarray, banned: set[int]) -> np.ndarray:
+def ban(logq: np.ndarray, banned: set[int], ids: Optional[np.ndarray] = None) -> np.ndarray:
     """A filtered log q row without the ``banned`` tokens, renormalised (all -inf when nothing
-    else is left: that beam has no continuation)."""
+    else is left: that beam has no continuation). ``ids``: the row holds these tokens' entries
+    alone (sampling.kept_logprobs), not the whole vocabulary."""
     if not banned:
         return logq
     row = logq.copy()
-    row[list(banned)] = -np.inf
+    row[list(banned) if ids is None else np.isin(ids, list(banned))] = -np.inf
     finite = np.isfinite(row)
     if finite.any():
         row[finite] -= np.logaddexp.reduce(row[finite])

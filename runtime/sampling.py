@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Optional, Protocol
 
 import numpy as np
 
@@ -89,17 +89,34 @@ def filtered_logprobs(logits: np.ndarray, cfg: Filter) -> np.ndarray:
         out = np.full(logits.shape, NEG_INF)
         np.put_along_axis(out, np.argmax(logits, axis=-1)[..., None], 0.0, axis=-1)
         return out
-    v = logits.shape[-1]
-    if not 0 < cfg.top_k < v:
+    if not 0 < cfg.top_k < logits.shape[-1]:
         return _nucleus(log_softmax(logits.astype(np.float64) / cfg.temperature), cfg.top_p)
-    # Work on the k kept entries only (cheap even for 262k-token vocabularies), then scatter.
-    # Temperature does not change the order; selecting the top k from the end is fastest.
-    idx = np.argpartition(logits, v - cfg.top_k, axis=-1)[..., v - cfg.top_k :]
-    vals = np.take_along_axis(logits, idx, axis=-1).astype(np.float64) / cfg.temperature
-    kept = _nucleus(log_softmax(vals), cfg.top_p)
+    idx, kept = _top_k(logits, cfg)
     out = np.full(logits.shape, NEG_INF)
     np.put_along_axis(out, idx, kept, axis=-1)
     return out
+
+
+def kept_logprobs(logits: np.ndarray, cfg: Filter) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """``filtered_logprobs`` of (rows, V) ``logits`` as the top-k entries alone: token ids and
+    their log-probs, each (rows, k), ids ascending within a row (the order a full row lists them;
+    top-p's drops are -inf). None where top-k keeps every token or sampling is greedy."""
+    logits = np.asarray(logits)
+    if cfg.greedy or not 0 < cfg.top_k < logits.shape[-1]:
+        return None
+    idx, kept = _top_k(logits, cfg)
+    order = np.argsort(idx, axis=-1)
+    return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(kept, order, axis=-1)
+
+
+def _top_k(logits: np.ndarray, cfg: Filter) -> tuple[np.ndarray, np.ndarray]:
+    """The top-k token ids of each row and their filtered log-probs (temperature, top-p),
+    computed on the k kept entries only (cheap even for 262k-token vocabularies). Temperature
+    does not change the order; selecting the top k from the end is fastest."""
+    v = logits.shape[-1]
+    idx = np.argpartition(logits, v - cfg.top_k, axis=-1)[..., v - cfg.top_k :]
+    vals = np.take_along_axis(logits, idx, axis=-1).astype(np.float64) / cfg.temperature
+    return idx, _nucleus(log_softmax(vals), cfg.top_p)
 
 
 def _nucleus(logp: np.ndarray, top_p: float) -> np.ndarray:

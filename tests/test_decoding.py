@@ -92,6 +92,41 @@ def test_beam_drafter_log_q_matches_a_fresh_computation():
         assert all(not aux.seqs.get(s) for s in range(1, 9))  # beams dropped
 
 
+@pytest.mark.parametrize(
+    "cfg, no_repeat",
+    [
+        (SamplingConfig(1.0, 3, 1.0), 0),
+        (SamplingConfig(0.7, 12, 0.8), 0),
+        (SamplingConfig(1.0, 12, 0.95), 2),  # beams that would repeat a bigram lose those tokens
+        (SamplingConfig(0.0, 6, 0.9), 0),  # greedy: beams ranked by the temperature-1 rows, no draw
+    ],
+)
+def test_beams_drawn_over_the_top_k_alone_are_the_draws_over_full_rows(monkeypatch, cfg, no_repeat):
+    """Where top-k keeps a few tokens the drafter works on those entries alone, never building a
+    full row (rows=True still gets full rows); from the same generator state it draws exactly the
+    beams, per-token log q and dead ends that full rows give, draft after draft."""
+    from mtad_edge.runtime import drafter as drafter_module
+
+    runs = []
+    for full in (False, True):
+        aux = FakeLM(vocab=40, salt=4, n_seq_max=9)
+        drafter = BeamDrafter(aux, cfg, rng=np.random.default_rng(7), max_width=4, no_repeat=no_repeat)
+        tokens, steps, out = list(PROMPT), np.random.default_rng(1), []
+        drafter.start(tokens)
+        with monkeypatch.context() as m:
+            if not full:
+                m.setattr(drafter_module, "filtered_logprobs", lambda *a: pytest.fail("a full row was built"))
+            for _ in range(8):
+                d = drafter.propose(tokens, 5, 4, rows=full)
+                dead = None if d.dead is None else d.dead.tolist()
+                out.append((d.beams.tolist(), d.beams_logq.tolist(), d.best, d.tokens.tolist(), dead))
+                k = int(steps.integers(0, 6))
+                drafter.commit(k)
+                tokens += [int(t) for t in d.tokens[:k]] + [int(steps.integers(0, 40))]
+        runs.append(out)
+    assert runs[0] == runs[1]
+
+
 def test_greedy_beam_draft_is_the_top_joint_sequence():
     """Temperature 0, width = all candidates: the draft is the argmax of joint log q."""
     aux = FakeLM(vocab=3, salt=5, n_seq_max=19)
