@@ -22,11 +22,14 @@ import numpy as np
 
 from .backend import Batch, VocabInfo, check_trained_context
 from .errors import ModelLoadError, MtadEdgeError
+from .gguf_header import read_header
+from .repack import Overrides, repack_patterns
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 # Weights repacked for Intel AMX crash llama.cpp's first matrix product on AMX machines (a
 # segfault in ggml_backend_amx_mul_mat, llama.cpp #20824; here: the default pair's Q4_0 aux on a
-# Sapphire-Rapids-class VM), so where the build uses AMX, models load without extra buffer types.
+# Sapphire-Rapids-class VM), so where the build uses AMX, models load without extra buffer types
+# (the repacked kernels among them are asked for tensor by tensor: runtime/repack.py).
 AMX_FLAG = "AMX_INT8 = 1"
 
 
@@ -184,8 +187,13 @@ class LlamaCppBackend:
         _Log.recent.clear()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 2**31 - 1
+        self.repacked = 0  # tensor kinds sent to llama.cpp's repacked CPU kernels by us (runtime/repack.py)
         if uses_amx():
             mparams.use_extra_bufts = False
+            self._overrides = Overrides(llama_cpp, repack_patterns(read_header(self.path)))
+            if self._overrides.pointer is not None:
+                mparams.tensor_buft_overrides = self._overrides.pointer
+                self.repacked = self._overrides.count
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.reason()}")

@@ -1,0 +1,125 @@
+"""A GGUF file's header as untrusted input: its architecture and each tensor's type and shape.
+
+Read before llama.cpp loads a model, to decide per tensor where llama.cpp would abort on a choice
+of ours (runtime/repack.py). Every count and length is checked against the file's size and
+against fixed bounds; a header this reader cannot take is None (llama.cpp then reports the
+file itself), never an exception or an unbounded loop.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+# Bounds on what a header may declare, far above any real model's (a 262k-token vocabulary is
+# one array; the largest models have a few thousand tensors).
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 20
+MAX_DIMS = 4  # GGML_MAX_DIMS
+_VERSIONS = (2, 3)  # version 1 used 32-bit counts; llama.cpp no longer reads it
+_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
+_STRING, _ARRAY = 8, 9
+_ARCH_KEY = "general.architecture"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    type: int  # ggml_type
+    shape: tuple[int, ...]  # ne[0], ne[1], ... (ne[0] is the row length)
+
+
+@dataclass(frozen=True)
+class Header:
+    architecture: str
+    tensors: dict[str, Tensor]
+
+
+class _Bad(Exception):
+    """The header breaks a bound or runs past the end of the file."""
+
+
+class _Reader:
+    def __init__(self, buf: mmap.mmap) -> None:
+        self.buf, self.off = buf, 0
+
+    def take(self, fmt: str) -> int:
+        size = struct.calcsize(fmt)
+        if self.off + size > len(self.buf):
+            raise _Bad
+        (value,) = struct.unpack_from(fmt, self.buf, self.off)
+        self.off += size
+        return int(value)
+
+    def skip(self, n: int) -> None:
+        if n < 0 or self.off + n > len(self.buf):
+            raise _Bad
+        self.off += n
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        start = self.off
+        self.skip(n)
+        return bytes(self.buf[start : self.off]).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, nested: bool = False) -> Optional[str]:
+        """Skip one value; a string's text is returned (the architecture is one)."""
+        if vtype in _SCALARS:
+            self.skip(_SCALARS[vtype])
+            return None
+        if vtype == _STRING:
+            return self.string()
+        if vtype != _ARRAY or nested:  # arrays of arrays: not in any model llama.cpp reads
+            raise _Bad
+        etype, count = self.take("<I"), self.take("<Q")
+        if etype in _SCALARS:
+            self.skip(_SCALARS[etype] * count)
+        elif etype == _STRING:
+            if count * 8 > len(self.buf) - self.off:
+                raise _Bad
+            for _ in range(count):
+                self.skip(self.take("<Q"))
+        else:
+            raise _Bad
+        return None
+
+
+def read_header(path: Path) -> Optional[Header]:
+    """The architecture and tensor table of the GGUF at ``path``, or None where the header is
+    not one this reader takes (another version, a bound broken, the file too short)."""
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(_Reader(buf))
+    except (OSError, ValueError, _Bad, struct.error):
+        return None
+
+
+def _parse(r: _Reader) -> Optional[Header]:
+    if bytes(r.buf[:4]) != b"GGUF":
+        return None
+    r.skip(4)
+    if r.take("<I") not in _VERSIONS:
+        return None
+    n_tensors, n_kv = r.take("<Q"), r.take("<Q")
+    if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
+        return None
+    arch = ""
+    for _ in range(n_kv):
+        key = r.string()
+        text = r.value(r.take("<I"))
+        if key == _ARCH_KEY and text is not None:
+            arch = text
+    tensors: dict[str, Tensor] = {}
+    for _ in range(n_tensors):
+        name = r.string()
+        if "\0" in name or name in tensors:  # C would read a shorter name; llama.cpp refuses duplicates
+            return None
+        n_dims = r.take("<I")
+        if not 1 <= n_dims <= MAX_DIMS:
+            return None
+        shape = tuple(r.take("<Q") for _ in range(n_dims))
+        tensors[name] = Tensor(r.take("<I"), shape)
+        r.skip(8)  # the data offset
+    return Header(arch, tensors)
