@@ -188,8 +188,11 @@ class LlamaCppBackend:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 2**31 - 1
         self.repacked = 0  # tensor kinds sent to llama.cpp's repacked CPU kernels by us (runtime/repack.py)
-        if uses_amx():
+        amx = uses_amx()
+        if amx:
             mparams.use_extra_bufts = False
+        if amx and (config.n_gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload()):
+            # on the CPU alone: an override would also keep offloaded layers' weights off the GPU
             self._overrides = Overrides(llama_cpp, repack_patterns(read_header(self.path)))
             if self._overrides.pointer is not None:
                 mparams.tensor_buft_overrides = self._overrides.pointer

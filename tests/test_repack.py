@@ -133,6 +133,13 @@ def test_on_amx_machines_the_q4_0_aux_runs_repacked_and_drafts_the_same_distribu
     finally:
         aux.close()
         target.close()
+    import llama_cpp
+
+    with monkeypatch.context() as m:  # layers offloaded to a GPU keep their weights there: nothing is named
+        m.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
+        offloaded = lb.LlamaCppBackend(smol_files.aux, lb.LlamaCppConfig(n_ctx=256, n_threads=2, n_gpu_layers=-1))
+        assert offloaded.repacked == 0
+        offloaded.close()
     monkeypatch.setattr(lb, "repack_patterns", lambda header: [])
     plain = lb.LlamaCppBackend(smol_files.aux, config)
     try:
