@@ -19,6 +19,8 @@ from typing import Optional
 MAX_KV = 1 << 16
 MAX_TENSORS = 1 << 20
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME = 63  # bytes in a tensor name (GGML_MAX_NAME less its NUL; llama.cpp refuses longer ones)
+MAX_KEY = 1 << 16  # bytes in a key; the one value read as text (the architecture) is cut at MAX_NAME
 _VERSIONS = (2, 3)  # version 1 used 32-bit counts; llama.cpp no longer reads it
 _SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
 _STRING, _ARRAY = 8, 9
@@ -58,20 +60,33 @@ class _Reader:
             raise _Bad
         self.off += n
 
-    def string(self) -> str:
+    def span(self) -> tuple[int, int]:
+        """Skip a string; where its bytes lie."""
         n = self.take("<Q")
         start = self.off
         self.skip(n)
-        return bytes(self.buf[start : self.off]).decode("utf-8", errors="replace")
+        return start, self.off
 
-    def value(self, vtype: int, nested: bool = False) -> Optional[str]:
-        """Skip one value; a string's text is returned (the architecture is one)."""
+    def text(self, start: int, end: int) -> str:
+        return bytes(self.buf[start:end]).decode("utf-8", errors="replace")
+
+    def string(self, limit: int) -> str:
+        """A string of at most ``limit`` bytes (longer: the header is not taken)."""
+        start, end = self.span()
+        if end - start > limit:
+            raise _Bad
+        return self.text(start, end)
+
+    def value(self, vtype: int, text: bool = False) -> Optional[str]:
+        """Skip one value; with ``text``, a short string's text is returned (never a copy of a
+        long one: any value may be as large as the file)."""
         if vtype in _SCALARS:
             self.skip(_SCALARS[vtype])
             return None
         if vtype == _STRING:
-            return self.string()
-        if vtype != _ARRAY or nested:  # arrays of arrays: not in any model llama.cpp reads
+            start, end = self.span()
+            return self.text(start, end) if text and end - start <= MAX_NAME else None
+        if vtype != _ARRAY:
             raise _Bad
         etype, count = self.take("<I"), self.take("<Q")
         if etype in _SCALARS:
@@ -80,8 +95,8 @@ class _Reader:
             if count * 8 > len(self.buf) - self.off:
                 raise _Bad
             for _ in range(count):
-                self.skip(self.take("<Q"))
-        else:
+                self.span()
+        else:  # arrays of arrays, unknown types: in no model llama.cpp reads
             raise _Bad
         return None
 
@@ -107,13 +122,13 @@ def _parse(r: _Reader) -> Optional[Header]:
         return None
     arch = ""
     for _ in range(n_kv):
-        key = r.string()
-        text = r.value(r.take("<I"))
-        if key == _ARCH_KEY and text is not None:
+        key = r.string(MAX_KEY)
+        text = r.value(r.take("<I"), text=key == _ARCH_KEY)
+        if text is not None:
             arch = text
     tensors: dict[str, Tensor] = {}
     for _ in range(n_tensors):
-        name = r.string()
+        name = r.string(MAX_NAME)
         if "\0" in name or name in tensors:  # C would read a shorter name; llama.cpp refuses duplicates
             return None
         n_dims = r.take("<I")

@@ -71,6 +71,8 @@ def test_a_header_that_breaks_a_bound_or_ends_early_is_none_never_an_error(tmp_p
         "version 1": gguf(model(), version=1),
         "a tensor name C reads shorter": gguf({b"blk.0.attn_q.weight\0x": (Q6_K, (64, 12))}),
         "a tensor named twice": gguf([("a", (Q4_0, (64, 64))), ("a", (Q4_0, (64, 64)))]),
+        "a tensor name longer than llama.cpp takes": gguf({"blk.0.attn_q.weight" + "x" * 60: (Q4_0, (64, 64))}),
+        "a key longer than any": gguf(model(), extra_kv=_s("k" * (1 << 17)) + struct.pack("<II", 4, 1)),
         "no magic": b"GGUX" + gguf(model())[4:],
     }
     for what, data in bad.items():
@@ -79,6 +81,9 @@ def test_a_header_that_breaks_a_bound_or_ends_early_is_none_never_an_error(tmp_p
         assert read_header(path) is None, what
         assert time.perf_counter() - t0 < 1.0, what  # bounded by the file, not by what it claims
     assert read_header(tmp_path / "missing.gguf") is None
+    path.write_bytes(gguf(model(), arch="llama" * 200_000))  # a value is skipped, not copied, unless short
+    long_arch = read_header(path)
+    assert long_arch is not None and long_arch.architecture == "" and repack_patterns(long_arch) == []
 
 
 def test_only_kinds_whose_every_tensor_llama_cpp_can_repack_are_named():
