@@ -25,19 +25,19 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from mtad_edge.pairs import quantize
 from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.gguf_header import BLOCK_MATRICES, read_header
 from mtad_edge.store import drop, finish, sha256_file, tmp_name
 
 from .staging import Progress, publish, staging
 
 OUTTYPES = ("f16", "q8_0")
 # Tensors of the plain Llama layout: how each one widens (anything else is refused).
-_BLOCK_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _BLOCK_VECTORS = ("attn_norm", "ffn_norm")
 _WIDENABLE = {"F16", "F32", "BF16"}
 _FACTOR_KEY, _SOURCE_KEY = "mtad_edge.widen.factor", "mtad_edge.widen.source"
@@ -71,40 +71,6 @@ def check_factor(k: int) -> None:
         raise MtadEdgeError(f"the widening factor must be an integer of at least 2 (got {k!r})")
 
 
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType -> bytes
-
-
-def _architecture(f: BinaryIO) -> str:
-    """general.architecture, read from the KV section alone: GGUFReader parses every token text
-    first (~10 s for Gemma's 262k on this machine), too slow to refuse a model with."""
-
-    def take(fmt: str) -> Any:
-        return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
-
-    def skip(vtype: int) -> None:
-        if vtype == 8:  # string
-            f.seek(take("Q"), os.SEEK_CUR)
-        elif vtype == 9:  # array
-            sub, count = take("I"), take("Q")
-            if sub in _SCALAR_SIZES:
-                f.seek(_SCALAR_SIZES[sub] * count, os.SEEK_CUR)
-            else:
-                for _ in range(count):
-                    skip(sub)
-        else:
-            f.seek(_SCALAR_SIZES[vtype], os.SEEK_CUR)
-
-    f.seek(8)  # magic, version
-    _n_tensors, n_kv = take("Q"), take("Q")
-    for _ in range(n_kv):
-        key = f.read(take("Q"))
-        vtype = take("I")
-        if key == b"general.architecture" and vtype == 8:
-            return f.read(take("Q")).decode(errors="replace")
-        skip(vtype)
-    return "unknown"
-
-
 def _read(src: Path) -> Any:
     """A GGUFReader over ``src`` (memory-mapped) once it is known to be a Llama GGUF, or one line
     saying why not."""
@@ -118,9 +84,12 @@ def _read(src: Path) -> Any:
     try:
         with src.open("rb") as f:
             magic = f.read(4)
-            if magic != b"GGUF":
-                raise MtadEdgeError(f"{src} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
-            arch = _architecture(f)
+        if magic != b"GGUF":
+            raise MtadEdgeError(f"{src} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
+        header = read_header(src)  # the architecture alone: GGUFReader parses every token text first (~10 s for Gemma)
+        if header is None:
+            raise MtadEdgeError(f"cannot read the GGUF file {src}: its header breaks the format or a bound")
+        arch = header.architecture or "unknown"
         if arch != "llama":
             raise MtadEdgeError(f"{src.name} is a {arch!r} model: widen supports the llama architecture only")
         return GGUFReader(src)
@@ -169,9 +138,9 @@ def _widen_tensor(name: str, shape: tuple[int, ...], load: Callable[[], np.ndarr
     """How one tensor widens. Matrices are (out, in) in numpy order."""
     m = re.fullmatch(r"blk\.\d+\.(\w+)\.(weight|bias)", name)
     part, kind = (m.group(1), m.group(2)) if m else (name, "")
-    if part in _BLOCK_MATRICES and kind == "weight" and len(shape) == 2:  # outputs tiled, inputs split
+    if part in BLOCK_MATRICES and kind == "weight" and len(shape) == 2:  # outputs tiled, inputs split
         return _Plan(name, (shape[0] * k, shape[1] * k), np.float16, _matrix(load, k, (k, k)))
-    vector = (part in _BLOCK_VECTORS and kind == "weight") or (part in _BLOCK_MATRICES and kind == "bias")
+    vector = (part in _BLOCK_VECTORS and kind == "weight") or (part in BLOCK_MATRICES and kind == "bias")
     if len(shape) == 1 and (vector or name == "output_norm.weight"):  # norm weights, biases: tiled
         return _Plan(name, (shape[0] * k,), np.float32, lambda: np.tile(load(), k))
     if name == "token_embd.weight" and len(shape) == 2:  # each token's vector tiled along the hidden dim

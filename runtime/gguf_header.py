@@ -25,6 +25,8 @@ _VERSIONS = (2, 3)  # version 1 used 32-bit counts; llama.cpp no longer reads it
 _SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
 _STRING, _ARRAY = 8, 9
 _ARCH_KEY = "general.architecture"
+# A Llama-layout block's projection matrices: blk.N.<name>.weight
+BLOCK_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass(frozen=True)

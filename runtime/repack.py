@@ -16,10 +16,10 @@ import ctypes
 import re
 from typing import Any, Optional
 
-from .gguf_header import Header
+from .gguf_header import BLOCK_MATRICES, Header
 
 REPACK_ARCHITECTURES = ("llama", "gemma3")  # whose block projections feed matrix products alone
-REPACK_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+REPACK_KINDS = BLOCK_MATRICES  # used in matrix products alone
 REPACK_TYPES = {2: "Q4_0", 12: "Q4_K"}  # ggml types repacked into 8-row blocks on AVX2 CPUs
 REPACK_ROWS = 8  # the rows interleaved per block: ne[1] (and ne[0]) must be multiples of it
 REPACK_BUFFER = b"CPU_REPACK"
