@@ -104,19 +104,28 @@ def kept_logprobs(logits: np.ndarray, cfg: Filter) -> Optional[tuple[np.ndarray,
     logits = np.asarray(logits)
     if cfg.greedy or not 0 < cfg.top_k < logits.shape[-1]:
         return None
-    idx, kept = _top_k(logits, cfg)
-    order = np.argsort(idx, axis=-1)
-    return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(kept, order, axis=-1)
+    return _in_token_order(*_top_k(logits, cfg))
+
+
+def _top_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """The k largest entries' ids along the last axis. Temperature does not change the order;
+    selecting the top k from the end is fastest."""
+    v = logits.shape[-1]
+    return np.argpartition(logits, v - k, axis=-1)[..., v - k :]
 
 
 def _top_k(logits: np.ndarray, cfg: Filter) -> tuple[np.ndarray, np.ndarray]:
     """The top-k token ids of each row and their filtered log-probs (temperature, top-p),
-    computed on the k kept entries only (cheap even for 262k-token vocabularies). Temperature
-    does not change the order; selecting the top k from the end is fastest."""
-    v = logits.shape[-1]
-    idx = np.argpartition(logits, v - cfg.top_k, axis=-1)[..., v - cfg.top_k :]
+    computed on the k kept entries only (cheap even for 262k-token vocabularies)."""
+    idx = _top_ids(logits, cfg.top_k)
     vals = np.take_along_axis(logits, idx, axis=-1).astype(np.float64) / cfg.temperature
     return idx, _nucleus(log_softmax(vals), cfg.top_p)
+
+
+def _in_token_order(idx: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ids ascending (the order a full row lists them), their log-probs with them."""
+    order = np.argsort(idx, axis=-1)
+    return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(kept, order, axis=-1)
 
 
 def _nucleus(logp: np.ndarray, top_p: float) -> np.ndarray:
@@ -133,12 +142,10 @@ def sample_logits(logits: np.ndarray, cfg: Filter, rng: np.random.Generator) -> 
         return int(np.argmax(logits))
     if not 0 < cfg.top_k < v:
         return sample(filtered_logprobs(logits, cfg), rng)
-    idx = np.argpartition(logits, v - cfg.top_k)[v - cfg.top_k :]  # filtered_logprobs' pick among ties
     if cfg.top_k <= FEW_KEPT:
+        idx = _top_ids(logits, cfg.top_k)  # filtered_logprobs' pick among ties
         return _sample_few(idx.tolist(), logits[idx].tolist(), cfg, rng)
-    kept = _nucleus(log_softmax(logits[idx].astype(np.float64) / cfg.temperature), cfg.top_p)
-    order = np.argsort(idx)  # the kept tokens in the order sample() finds them in a full row
-    idx, kept = idx[order], kept[order]
+    idx, kept = _in_token_order(*_top_k(logits, cfg))  # as sample() finds them in a full row
     finite = np.isfinite(kept)
     if finite.sum() == 1:
         return int(idx[finite][0])
