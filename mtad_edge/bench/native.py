@@ -68,6 +68,8 @@ def speculative_simple(
     exe = _tool(bin_dir, "llama-speculative-simple")
     cmd = [str(exe), "-m", str(target), "-md", str(aux), "--spec-type", "draft-simple", "-p", prompt]
     cmd += ["-n", str(n_tokens), "-t", str(threads), "--temp", "0", "--spec-draft-n-max", str(gamma), "-c", str(n_ctx)]
+    # as mtad-edge loads models there, less the repacked Q4_0 / Q4_K kernels it names tensor by
+    # tensor (runtime/repack.py): llama.cpp's tools cannot ask for those without AMX's
     cmd += ["--no-repack"] if uses_amx() else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     log = proc.stderr
