@@ -1,13 +1,12 @@
 """llama.cpp's repacked CPU weights where its AMX weights crash (llama_cpp_backend.AMX_FLAG).
 
 On those machines models load without llama.cpp's extra buffer types, which also drops the
-repacked (8-row interleaved) Q4_0 / Q4_K kernels it uses on every other x86 CPU: measured here,
-the default pair's Q4_0 aux ran its 1- and 4-row calls about 10 % slower without them. They are
-asked for tensor by tensor. llama.cpp takes such an override without checking it (a tensor it
-cannot repack aborts the process), so only tensors the file's header shows it can take are
-named: a block's projection weights (used in matrix products alone) of a known architecture,
-of a repackable type, 2-D, with a multiple of 8 rows; a kind is named only where every layer's
-tensor qualifies.
+repacked (8-row interleaved) Q4_0 / Q4_K kernels it uses on every other x86 CPU, the faster
+ones for a Q4_0 aux's calls (docs/standins.md#amx). They are asked for tensor by tensor.
+llama.cpp takes such an override without checking it (a tensor it cannot repack aborts the
+process), so only tensors the file's header shows it can take are named: a block's projection
+weights (used in matrix products alone) of a known architecture, of a repackable type, 2-D,
+with a multiple of 8 rows; a kind is named only where every layer's tensor qualifies.
 """
 
 from __future__ import annotations
