@@ -26,7 +26,7 @@ from .controller import Controller, FixedController, Model, Plan
 from .drafter import BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
 from .methods import StepResult, StepView
-from .ngram import MATCH_EDGES, Lookup, NgramDrafter, deterministic_q, match_class
+from .ngram import MATCH_EDGES, Lookup, NgramDrafter, match_class
 from .options import AUTO, AUTO_WIDTH_MAX, REPEAT_N
 from .repeats import Seen
 from .vocab import CrossVocab, VocabMap
@@ -344,8 +344,8 @@ class Generation:
 
     def _lookup_draft(self, tokens: np.ndarray) -> Draft:
         """A prompt-lookup draft: deterministic, so q is one-hot on it (log q = 0)."""
-        logq_x, rows = deterministic_q(tokens, self.target.n_vocab) if self._q_rows else (np.zeros(len(tokens)), None)
-        return Draft(tokens, logq_x, rows, tokens[None], logq_x[None])
+        logq_x = np.zeros(len(tokens))
+        return Draft(tokens, logq_x, None, tokens[None], logq_x[None], deterministic=True)
 
     def _commit(self, result: StepResult, draft: Optional[Draft], looked_up: bool) -> list[int]:
         """Keep what the step accepted: the target's sequence 0 keeps the pending token and the k

@@ -40,6 +40,7 @@ class Draft:
     best: int = 0  # index of the best beam in ``beams``
     calls: list[tuple[int, float]] = field(default_factory=list)  # (rows, seconds) of each aux step
     dead: Optional[np.ndarray] = None  # (m, gamma) beams that died before the last depth, -1 padded
+    deterministic: bool = False  # q one-hot on the tokens (prompt lookup): log q = 0, no q rows
 
     def paths(self, full: bool) -> np.ndarray:
         """The beams MMTAD verifies: the final ones, or with ``full`` also those that died earlier

@@ -13,8 +13,8 @@ occurrence, drafting the m = 48 tokens after it) and ``ngram-map-k`` (the same k
 only once the key has been seen ``min_hits`` times, its most frequent continuation first).
 
 A draft is a deterministic function of the context, so its q is one-hot on the drafted tokens:
-``deterministic_q`` builds the rows for sd's verify rules (runtime/verify.py), which then accept
-x_d with probability p_d(x_d) and, at a rejection, draw from p_d without x_d: lossless.
+sd verifies it with ``verify.match_verify`` (draw the target's token at each depth, keep the draft
+while they agree), which keeps x_d with probability p_d(x_d) and is lossless.
 """
 
 from __future__ import annotations
@@ -172,13 +172,3 @@ class NgramDrafter:
                 if start >= 0:
                     index[tuple(toks[start : end + 1])] = start
                     self.index_ops += 1
-
-
-def deterministic_q(tokens: np.ndarray, n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """The draft distribution of a deterministic draft (an n-gram lookup): (logq_x, q_rows),
-    log q_d(x_d) = 0 for each drafted token and rows (gamma, n_vocab) of float64 log q, 0 at the
-    drafted token and -inf elsewhere, as ``Draft`` and sd's verify rules take them."""
-    tokens = np.asarray(tokens, dtype=np.int64)
-    rows = np.full((len(tokens), n_vocab), -np.inf)
-    rows[np.arange(len(tokens)), tokens] = 0.0
-    return np.zeros(len(tokens)), rows

@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from .sampling import sample
+from .sampling import Filter, sample, sample_logits
 
 
 def speculative_verify(
@@ -38,6 +38,29 @@ def speculative_verify(
         with np.errstate(divide="ignore"):
             return d, sample(np.log(residual / total), rng)
     return len(draft), sample(p_logp[len(draft)], rng)
+
+
+def match_verify(logits: np.ndarray, draft: np.ndarray, cfg: Filter, rng: np.random.Generator) -> tuple[int, int]:
+    """Speculative sampling for a deterministic draft (q_d one-hot on x_d: a prompt-lookup draft).
+
+    For d = 1..gamma draw y_d ~ p_d and keep x_d while y_d = x_d; the first y_d that differs is
+    the next token, and when all gamma are kept a bonus token is drawn from p_{gamma+1}. Every
+    emitted token is the target's own draw given the text before it, so the output is
+    distributed exactly as p; x_d is kept with probability p_d(x_d), as by the token and block
+    rules, which for a one-hot q are this rule in distribution. (llama.cpp verifies its drafts
+    the same way: common_sampler_sample_and_accept_n.)
+
+    Each emitted token costs one draw of ``sample_logits``, the plain step's sampler: with the
+    same generator, lookup drafts leave a seeded run's text as plain decoding makes it.
+
+    logits: (gamma + 1, V) raw target logits (p_d is ``cfg``'s filtered softmax of row d), draft:
+    (gamma,) token ids. Returns (k accepted, next token).
+    """
+    for d, x in enumerate(draft):
+        y = sample_logits(logits[d], cfg, rng)
+        if y != int(x):
+            return d, y
+    return len(draft), sample_logits(logits[len(draft)], cfg, rng)
 
 
 def block_verify(

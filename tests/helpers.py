@@ -359,3 +359,12 @@ def scripted_pair(aux_salt, aux_cost):
     target = FakeLM(salt=1, n_seq_max=9, n_ctx=4096, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
     aux = FakeLM(salt=aux_salt, n_seq_max=17, n_ctx=4096, clock=clock, cost=aux_cost)
     return clock, target, aux
+
+
+def deterministic_q(tokens: np.ndarray, n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """The draft distribution of a deterministic draft (a prompt lookup) as sd's q-reading rules
+    take it: (logq_x, q_rows), log q = 0 at each drafted token and -inf elsewhere in its row."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    rows = np.full((len(tokens), n_vocab), -np.inf)
+    rows[np.arange(len(tokens)), tokens] = 0.0
+    return np.zeros(len(tokens)), rows

@@ -6,13 +6,22 @@ import time
 import numpy as np
 import pytest
 
-from helpers import FakeClock, FakeLM, chi2_critical, chi2_stat, exact_two_token_joint, fake_engine, generate_tokens
+from helpers import (
+    FakeClock,
+    FakeLM,
+    chi2_critical,
+    chi2_stat,
+    deterministic_q,
+    exact_two_token_joint,
+    fake_engine,
+    generate_tokens,
+)
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.drafter import Draft
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.methods import StepView, get
-from mtad_edge.runtime.ngram import MATCH_EDGES, deterministic_q
+from mtad_edge.runtime.ngram import MATCH_EDGES
 from mtad_edge.runtime.sampling import filtered_logprobs
 
 REPEATS = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # the last bigram recurs: lookup drafts "3 4 1 2"
@@ -34,6 +43,23 @@ def test_sd_with_lookup_drafts_keeps_the_target_distribution(drafter, verify):
         looked_up += st.lookup_drafted
     stat, df = chi2_stat(counts, exact_two_token_joint(target, REPEATS, sampling))
     assert looked_up >= 3000 and stat < chi2_critical(df)
+
+
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_seeded_sd_with_lookup_drafts_writes_the_text_of_seeded_ar(gamma):
+    """Each token is the target's own draw, one draw per token from the run's generator as a
+    plain step makes it: lookup drafts change how fast a seeded run writes, not what it writes
+    (runs that draft differently, e.g. beside an aux, stay comparable text for text)."""
+    sampling = SamplingConfig(0.9, 4, 0.95)
+    target = FakeLM(salt=1, n_seq_max=5, sharpness=1.0)
+    drafted = accepted = 0
+    for seed in range(40):
+        ar, _ = generate_tokens(target, None, REPEATS, DecodeConfig("ar", 40, sampling=sampling, seed=seed))
+        cfg = DecodeConfig("sd", 40, gamma=gamma, drafter="ngram", sampling=sampling, seed=seed)
+        out, st = generate_tokens(target, None, REPEATS, cfg)
+        assert out == ar
+        drafted, accepted = drafted + st.lookup_drafted, accepted + st.lookup_accepted
+    assert 0 < accepted < drafted  # drafts were kept and drafts were cut
 
 
 @pytest.mark.parametrize("verify", ["block", "token"])

@@ -1,11 +1,11 @@
-"""The n-gram (prompt lookup) drafter and its deterministic q with sd's verify rules."""
+"""The n-gram (prompt lookup) drafter, and sd's verify rules on its deterministic drafts."""
 
 import time
 
 import numpy as np
 import pytest
 
-from helpers import FakeLM, chi2_critical, chi2_stat, exact_two_token_joint
+from helpers import FakeLM, chi2_critical, chi2_stat, deterministic_q, exact_two_token_joint
 from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.ngram import (
     MATCH_CAP,
@@ -13,11 +13,10 @@ from mtad_edge.runtime.ngram import (
     NGRAM_MAX,
     NGRAM_MIN,
     NgramDrafter,
-    deterministic_q,
     match_class,
 )
 from mtad_edge.runtime.sampling import filtered_logprobs
-from mtad_edge.runtime.verify import block_verify, speculative_verify
+from mtad_edge.runtime.verify import block_verify, match_verify, speculative_verify
 
 
 def naive(tokens, gamma, n_min=NGRAM_MIN, n_max=NGRAM_MAX):
@@ -214,20 +213,18 @@ def test_long_context_costs_one_index_update_per_new_token():
     print(f"{calls} calls over 100k tokens: {elapsed:.2f} s, {d.index_ops} index insertions")
 
 
-def test_deterministic_q_rows():
-    logq_x, rows = deterministic_q(np.array([2, 0, 2]), 4)
-    assert logq_x.tolist() == [0, 0, 0] and rows.dtype == np.float64 and rows.shape == (3, 4)
-    assert (rows[[0, 1, 2], [2, 0, 2]] == 0).all() and np.isneginf(rows).sum() == 9
-    assert deterministic_q(np.zeros(0, dtype=np.int64), 4)[1].shape == (0, 4)
-
-
 # Every bigram of the 5-token vocabulary has a continuation in it (a de Bruijn sequence), so every
 # step drafts; its first draft, (0, 0, 1), has target probability 0.37 / 0.46 under the two
 # samplings of the fake target, so first rounds both accept and reject.
 PROMPT = [4, 1, 1, 2, 1, 3, 1, 4, 2, 2, 3, 2, 4, 3, 3, 4, 4, 0, 0, 1, 0, 2, 0, 3, 0, 4, 4]
 
 
-@pytest.mark.parametrize("verify", [speculative_verify, block_verify])
+def matching(p_rows, q_rows, draft, rng):
+    """``match_verify`` as the q-reading rules are called: filtered log p rows are their own logits."""
+    return match_verify(p_rows, draft, SamplingConfig(1.0, 0, 1.0), rng)
+
+
+@pytest.mark.parametrize("verify", [speculative_verify, block_verify, matching])
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0, 0, 1.0), SamplingConfig(0.8, 4, 0.9)])
 def test_ngram_drafts_keep_the_target_two_token_distribution(verify, sampling):
     """End to end on a fake target: n-gram drafts (q one-hot) verified by sd's rules; the first

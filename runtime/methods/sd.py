@@ -1,13 +1,14 @@
 """``sd``: lossless speculative sampling with one draft, verified as a block (Sun et al., ICLR
-2025) or token by token (Leviathan et al. 2023)."""
+2025) or token by token (Leviathan et al. 2023); a deterministic draft (prompt lookup) by
+drawing the target's token at each depth and keeping the draft while they agree (the same law)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 from ..drafter import Draft, beam_cells, beam_slots
-from ..verify import block_verify, speculative_verify
-from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, target_logp
+from ..verify import block_verify, match_verify, speculative_verify
+from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, target_call, target_logp
 
 
 class SD(Method):
@@ -24,6 +25,11 @@ class SD(Method):
             return plain_step(run)
         if run.sampling.greedy:  # p one-hot: both rules keep the leading run of the target's argmax
             return greedy_step(run, draft)
+        if draft.deterministic:
+            (k, nxt), call = target_call(
+                run, lambda logits: match_verify(logits, draft.tokens, run.sampling, run.rng), draft.tokens
+            )
+            return StepResult([*map(int, draft.tokens[:k]), nxt], k, calls=[call])
         assert draft.q_rows is not None
         p, call = target_logp(run, draft.tokens)
         rule = block_verify if run.verify == "block" else speculative_verify
