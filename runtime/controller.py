@@ -431,11 +431,14 @@ class Controller:
             calls_s -= m.draft_overhead if drafted else m.overhead
         m.observe_overhead(bool(drafted), seconds - calls_s)
 
-    def observe_plain(self, seconds: float) -> None:
-        """A plain step another controller planned where this one too had planned none: it earns
-        this one's next probe as its own plain steps do (beside the aux, prompt lookup's classes
-        would otherwise never probe again once they stop drafting)."""
+    def observe_plain(self, seconds: float, timed: bool) -> None:
+        """A plain step another controller planned (``timed``: from timings) where this one too
+        had planned none: it teaches this one as its own plain steps do, earning the next probe
+        (beside the aux, prompt lookup's classes would otherwise never probe again once they stop
+        drafting) and what plain steps deliver against their forecast."""
         self.acc.plain_s += seconds
+        if not self.model.frozen and timed:
+            self.acc.plain_delivered.add(seconds, self.step_seconds(0, 1))
 
     def observe_alone(self, width: int, k: int, cum_logq: Floats) -> None:
         """A tree at ``width`` whose best beam, verified alone, would have kept k tokens."""

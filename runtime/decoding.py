@@ -402,7 +402,7 @@ class Generation:
             k, cum = (result.accepted, draft.cum_logq) if draft is not None else (None, np.zeros(0))
             ctrl.observe_step(plan, k, cum, seconds, calls_s)
         if draft is None and idle_lookup is not None:
-            idle_lookup.observe_plain(seconds)  # lookup planned none and the aux stepped plainly
+            idle_lookup.observe_plain(seconds, plan.timed)  # lookup planned none and the aux stepped plainly
         drafted = len(draft.tokens) if draft is not None else 0
         st.gamma_hist[drafted] = st.gamma_hist.get(drafted, 0) + 1
         if drafted:

@@ -660,3 +660,27 @@ def test_a_longer_draft_whose_first_tries_failed_is_stretched_to_until_measured(
     assert plans[: every - 1] == [1] * (every - 1)  # the low estimate's choice
     assert plans[every - 1] == 2  # the stretch, which the low estimate would never make
     assert plans[-1] >= 2 and plans.count(1) < len(plans) - every  # measured: longer drafts win on their own
+
+
+def test_a_plain_step_another_controller_planned_teaches_lookup_as_its_own_would():
+    """Beside the aux, prompt lookup's controller learns from a plain step the aux planned what it
+    learns from a plain step of its own: the wait before a probe and what plain steps deliver
+    against their forecast (else lookup beside the aux plans from a different model than alone)."""
+    taught = []
+    for own in (True, False):
+        model = Model()
+        model.target.observe(1, 0.020)
+        model.aux.observe(1, 0.010)  # both tables known: plans are timed
+        ctrl = Controller(model, "sd lookup m0", range(0, 9), (1,), tree=False, free=True)
+        for seconds in (0.025, 0.030, 0.022):
+            plan = ctrl.plan(0)
+            assert plan.gamma == 0 and plan.timed
+            if own:
+                ctrl.observe_step(plan, None, [], seconds, seconds)
+            else:
+                ctrl.observe_plain(seconds, plan.timed)
+        taught.append((ctrl.acc.plain_s, ctrl.acc.plain_delivered.sums))
+    assert taught[0] == taught[1] and taught[0][1][2] > 0
+    frozen = Controller(Model(frozen=True), "sd lookup m0", range(0, 9), (1,), tree=False, free=True)
+    frozen.observe_plain(0.025, True)
+    assert frozen.acc.plain_delivered.sums[2] == 0  # a frozen model learns no timings
