@@ -210,7 +210,8 @@ OPTIONS: dict[str, Option] = {
             "choice",
             "block",
             "sd: verify the draft as one block (Sun et al., ICLR 2025: accepts at least as many tokens) or "
-            "token by token (Leviathan et al.); both keep the target's distribution.",
+            "token by token (Leviathan et al.); both keep the target's distribution. A prompt-lookup draft is "
+            "deterministic: either way it is kept while it matches the target's own draws.",
             choices=lambda: VERIFY_RULES,
         ),
         Option(
