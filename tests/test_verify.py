@@ -112,10 +112,10 @@ def test_speculative_greedy_rejection_returns_target_argmax():
 MATCH_SAMPLINGS = [SamplingConfig(1.0, 0, 1.0), SamplingConfig(0.8, 3, 0.9)]
 
 
-def _likely_draft(v: int) -> np.ndarray:
-    """Three tokens each the most likely after context [0] and the ones before it (under
-    TreeLM(v, seed=11, min_support=2)): a draft that is kept whole often and cut often."""
-    lm, draft = TreeLM(v, seed=11, min_support=2), []
+def _likely_draft(lm: "TreeLM") -> np.ndarray:
+    """Three tokens each the most likely under ``lm`` after context [0] and the ones before it: a
+    draft that is kept whole often and cut often."""
+    draft: list[int] = []
     for _ in range(3):
         draft.append(int(np.argmax(lm([0, *draft]))))
     return np.array(draft)
@@ -126,7 +126,8 @@ def test_match_rule_keeps_each_drafted_token_with_its_target_probability(samplin
     """(k, next) follows the law of emitting the target's own draws: P(k = d, next = y) =
     prod_{j<d} p_j(x_j) * p_d(y) for y != x_d (y from p_gamma once all are kept). Chi-square at
     0.1 % over 20000 rounds, with the rows given as raw logits and filtered by ``sampling``."""
-    lm, draft = TreeLM(4, seed=11, min_support=2), _likely_draft(4)
+    lm = TreeLM(4, seed=11, min_support=2)
+    draft = _likely_draft(lm)
     logits = _rows(lm, [0], draft, 4)
     p = np.exp(filtered_logprobs(logits, sampling))
     want, alive = np.zeros((4, 4)), 1.0
@@ -148,7 +149,8 @@ def test_match_rule_keeps_each_drafted_token_with_its_target_probability(samplin
 def test_match_rule_emits_the_plain_samplers_draws_from_the_same_generator(sampling):
     """One ``sample_logits`` draw per emitted token, in order: the text a plain sampler would
     write from the same generator state, whatever was drafted."""
-    lm, draft = TreeLM(4, seed=11, min_support=2), _likely_draft(4)
+    lm = TreeLM(4, seed=11, min_support=2)
+    draft = _likely_draft(lm)
     logits = _rows(lm, [0], draft, 4)
     lengths = set()
     for seed in range(300):

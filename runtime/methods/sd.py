@@ -25,13 +25,13 @@ class SD(Method):
             return plain_step(run)
         if run.sampling.greedy:  # p one-hot: both rules keep the leading run of the target's argmax
             return greedy_step(run, draft)
-        if draft.deterministic:
+        if draft.deterministic:  # q one-hot: keep the draft while it matches the target's draws
             (k, nxt), call = target_call(
                 run, lambda logits: match_verify(logits, draft.tokens, run.sampling, run.rng), draft.tokens
             )
-            return StepResult([*map(int, draft.tokens[:k]), nxt], k, calls=[call])
-        assert draft.q_rows is not None
-        p, call = target_logp(run, draft.tokens)
-        rule = block_verify if run.verify == "block" else speculative_verify
-        k, nxt = rule(p, draft.q_rows, draft.tokens, run.rng)
+        else:
+            assert draft.q_rows is not None
+            p, call = target_logp(run, draft.tokens)
+            rule = block_verify if run.verify == "block" else speculative_verify
+            k, nxt = rule(p, draft.q_rows, draft.tokens, run.rng)
         return StepResult([*map(int, draft.tokens[:k]), nxt], k, calls=[call])
