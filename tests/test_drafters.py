@@ -31,8 +31,9 @@ GREEDY = SamplingConfig(temperature=0.0)
 @pytest.mark.parametrize("verify", ["block", "token"])
 @pytest.mark.parametrize("drafter", ["ngram", "ngram+aux"])
 def test_sd_with_lookup_drafts_keeps_the_target_distribution(drafter, verify):
-    """A lookup draft is deterministic (q one-hot): accepted with probability p(x), corrected from
-    p without x; the first two tokens are distributed as the target alone makes them."""
+    """A lookup draft is deterministic (q one-hot): kept while it matches the target's own draws
+    (either ``verify``; beside the aux, the aux's drafts go through the rule named); the first two
+    tokens are distributed as the target alone makes them."""
     sampling = SamplingConfig(1.0, 0, 1.0)
     target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
     counts, looked_up = np.zeros(target.n_vocab**2), 0
