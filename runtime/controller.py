@@ -421,9 +421,7 @@ class Controller:
             if not m.frozen and plan.timed:
                 self.acc.delivered.add(steady, self.step_seconds(drafted, plan.width, alone=plan.alone))
         elif k is None:
-            self.acc.plain_s += seconds
-            if not m.frozen and plan.timed:
-                self.acc.plain_delivered.add(seconds, self.step_seconds(0, 1))
+            self.observe_plain(seconds, plan.timed)
         if m.frozen:
             return
         if calls_s is None:
