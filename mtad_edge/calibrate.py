@@ -2,9 +2,9 @@
 
 A few timed calls on throwaway positions: the target on 1, 2, 3, a middle and gamma_max+1 rows
 (and a tree's size when MMTAD may run), the aux on 1..w rows as beams, once each after a warm-up
-(under 0.5 s on the default pair). The result is cached per (model
-files, backend, threads, GPU layers, library version) under the cache dir, so it runs once per
-machine and setup. Decoding keeps refining the tables from the calls it makes anyway.
+(under 0.5 s on the default pair). The result is cached per (model files, backend, threads, GPU
+layers, flash attention, library version) under the cache dir, so it runs once per machine and
+setup. Decoding keeps refining the tables from the calls it makes anyway.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def _version() -> str:
 
 def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int], aux_rows: list[int]) -> str:
     parts: list[Any] = [options.backend, options.provider, options.threads or os.cpu_count(), options.n_gpu_layers]
+    # the flash attention each context runs with (llama.cpp's): it moves what a call costs
+    parts += [getattr(m, "flash_attn", None) for m in (models.target, models.aux)]
     parts += [*store.file_identity(models.pair.target, models.pair.aux), target_rows, aux_rows, _version()]
     return store.key(parts)
 

@@ -296,6 +296,11 @@ class Engine:
         return getattr(self._require_open().target, "n_params", None)
 
     @property
+    def flash_attn(self) -> Optional[bool]:
+        """Whether the target's context runs flash attention; None where its backend decided."""
+        return getattr(self._require_open().target, "flash_attn", None)
+
+    @property
     def n_ctx(self) -> int:
         return self._require_open().target.n_ctx
 

@@ -31,6 +31,12 @@ _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6:
 # Sapphire-Rapids-class VM), so where the build uses AMX, models load without extra buffer types
 # (the repacked kernels among them are asked for tensor by tensor: runtime/repack.py).
 AMX_FLAG = "AMX_INT8 = 1"
+# llama.cpp's "auto" turns flash attention on wherever its op runs (llama.cpp #26559). On the CPU
+# its kernel pays per cached position and head, which narrow heads do not earn back: measured on
+# the 2-core AVX-512 VM (docs/backends.md#flash-attention), 64-wide heads (SmolLM2, its stand-ins)
+# made a one-row step 4-8 % and a 6-row verify 20-55 % dearer with it (200-1000 cached tokens);
+# 256-wide heads (Gemma 3) 2-4 % cheaper. So on the CPU alone it is off by default for heads up to:
+CPU_FLASH_ATTN_OFF_HEAD = 64
 
 
 def default_threads() -> int:
@@ -48,7 +54,7 @@ class LlamaCppConfig:
     n_threads: Optional[int] = None  # None: all cores we may use
     n_threads_batch: Optional[int] = None  # None: same as n_threads
     n_gpu_layers: int = 0  # -1 offloads every layer (needs a CUDA/Metal build)
-    flash_attn: Optional[bool] = None  # None: llama.cpp decides
+    flash_attn: Optional[bool] = None  # None: flash_attention() decides
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
 
 
@@ -123,9 +129,16 @@ def _physical_memory() -> int:
         return 0
 
 
-def _kv_bytes_per_cell(lib: Any, model: Any) -> int:
-    """An estimate of one KV cell: every layer's K and V rows in F16 (llama.cpp's default cache
-    type), with the head sizes the GGUF gives (Gemma's 256 is not n_embd / n_head)."""
+def flash_attention(asked: Optional[bool], cpu_alone: bool, head: int) -> Optional[bool]:
+    """Whether a context gets flash attention: as asked; else off on the CPU alone for heads up
+    to CPU_FLASH_ATTN_OFF_HEAD wide; else None (llama.cpp decides)."""
+    if asked is not None or not cpu_alone:
+        return asked
+    return False if 0 < head <= CPU_FLASH_ATTN_OFF_HEAD else None
+
+
+def _head_sizes(lib: Any, model: Any) -> tuple[int, int]:
+    """The widths of a K and a V head as the GGUF gives them (Gemma's 256 is not n_embd / n_head)."""
 
     def meta_int(key: str) -> int:
         buf = ctypes.create_string_buffer(64)
@@ -136,10 +149,15 @@ def _kv_bytes_per_cell(lib: Any, model: Any) -> int:
             return int(buf.value)
         return 0
 
-    n_head = max(1, lib.llama_model_n_head(model))
-    n_head_kv = lib.llama_model_n_head_kv(model) or n_head
-    head = lib.llama_model_n_embd(model) // n_head
-    k, v = meta_int("attention.key_length") or head, meta_int("attention.value_length") or head
+    head = lib.llama_model_n_embd(model) // max(1, lib.llama_model_n_head(model))
+    return meta_int("attention.key_length") or head, meta_int("attention.value_length") or head
+
+
+def _kv_bytes_per_cell(lib: Any, model: Any) -> int:
+    """An estimate of one KV cell: every layer's K and V rows in F16 (llama.cpp's default cache
+    type)."""
+    n_head_kv = lib.llama_model_n_head_kv(model) or max(1, lib.llama_model_n_head(model))
+    k, v = _head_sizes(lib, model)
     return int(lib.llama_model_n_layer(model) * n_head_kv * (k + v) * 2)
 
 
@@ -191,7 +209,8 @@ class LlamaCppBackend:
         amx = uses_amx()
         if amx:
             mparams.use_extra_bufts = False
-        if amx and (config.n_gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload()):
+        cpu_alone = config.n_gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload()
+        if amx and cpu_alone:
             # on the CPU alone: an override would also keep offloaded layers' weights off the GPU
             self._overrides = Overrides(llama_cpp, repack_patterns(read_header(self.path)))
             if self._overrides.pointer is not None:
@@ -215,8 +234,10 @@ class LlamaCppBackend:
         cparams.kv_unified = True  # beams share prefix cells; seq_cp is then metadata only
         cparams.n_threads = threads
         cparams.n_threads_batch = config.n_threads_batch or threads
-        if config.flash_attn is not None:
-            cparams.flash_attn_type = int(config.flash_attn)
+        # what the context runs with: True / False, or None where llama.cpp decided ("auto")
+        self.flash_attn = flash_attention(config.flash_attn, cpu_alone, _head_sizes(llama_cpp, self._model)[0])
+        if self.flash_attn is not None:
+            cparams.flash_attn_type = int(self.flash_attn)
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()

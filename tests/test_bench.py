@@ -178,6 +178,22 @@ def test_native_tool_output_is_parsed(tmp_path):
     assert s["acceptance_rate"] == pytest.approx(179 / 327)
 
 
+def test_native_tools_run_with_our_targets_flash_attention(tmp_path):
+    """Peers compare only at the same setting: -fa as our target's context runs, none where
+    llama.cpp decided for it too."""
+    _fake_tool(tmp_path, "llama-bench", stdout=json.dumps([{"avg_ts": 140.5}]))
+    for on, value in ((False, "off"), (True, "on"), (None, None)):
+        args = llama_bench(tmp_path, tmp_path / "t.gguf", 128, 2, flash_attn=on)["command"].split()
+        assert (args[args.index("-fa") + 1] if "-fa" in args else None) == value
+    log = tmp_path / "args"
+    tool = tmp_path / "llama-speculative-simple"
+    tool.write_text(f'#!/bin/sh\necho "$@" > {log}\necho "decoded  8 tokens in 0.100 seconds, speed: 80.000 t/s" >&2\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    speculative_simple(tmp_path, tmp_path / "t.gguf", tmp_path / "d.gguf", "hi", 8, 2, 4, flash_attn=False)
+    args = log.read_text().split()
+    assert args[args.index("-fa") + 1] == "off"
+
+
 def test_llama_bench_is_measured_after_as_many_cached_tokens_as_our_runs(tmp_path):
     """Our tok/s is measured after the prompt; llama-bench's tg after -d cached tokens is its peer
     (and tg after none is kept beside it); output it cannot read is a one-line error."""
@@ -226,6 +242,7 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
     native = json.loads((out / "results.json").read_text())["native"]
     assert native["llama-bench tg target"]["tokens_per_s"] == 140.5
     assert native["llama-bench tg target"]["tokens_per_s_before_after"] == [140.5, 140.5]  # ran on both sides of ours
+    assert "-fa off" in native["llama-bench tg target"]["command"]  # as the default pair runs on a CPU
     report_md = (out / "report.md").read_text()
     ar = json.loads((out / "results.json").read_text())["methods"]["ar"]["tokens_per_s"]
     assert f"ar runs {ar / 140.5:.3f}x llama-bench's tg" in report_md

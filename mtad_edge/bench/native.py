@@ -10,7 +10,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.llama_cpp_backend import uses_amx
@@ -23,14 +23,21 @@ def _tool(bin_dir: Path, name: str) -> Path:
     return exe
 
 
-def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depth: int = 0) -> dict:
+def _flash_attn(on: Optional[bool]) -> list[str]:
+    """The tools' -fa for the setting our target's context runs with (None: llama.cpp's auto)."""
+    return [] if on is None else ["-fa", "on" if on else "off"]
+
+
+def llama_bench(
+    bin_dir: Path, model: Path, n_tokens: int, threads: int, depth: int = 0, flash_attn: Optional[bool] = None
+) -> dict:
     """Token generation speed (tg) of ``model`` alone: llama-bench -p 0 -n N, after ``depth``
     cached tokens (-d; our tok/s is measured after the prompt, and each cached token makes a
-    step dearer) and after none, for the record."""
+    step dearer) and after none, for the record; flash attention as ours runs."""
     exe = _tool(bin_dir, "llama-bench")
     depths = sorted({0, max(0, int(depth))})
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(n_tokens), "-r", "3", "-o", "json"]
-    cmd += ["-d", ",".join(map(str, depths))]
+    cmd += ["-d", ",".join(map(str, depths)), *_flash_attn(flash_attn)]
     cmd += ["--repack", "0"] if uses_amx() else []  # as mtad-edge loads models there (llama_cpp_backend.AMX_FLAG)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -48,6 +55,7 @@ def llama_bench(bin_dir: Path, model: Path, n_tokens: int, threads: int, depth: 
         "depth": depths[-1],
         "tokens_per_s_depth_0": speed_0,
         "n_gen": n_tokens,
+        "flash_attn": flash_attn,
         "command": " ".join(cmd),
     }
 
@@ -62,12 +70,22 @@ _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+(
 
 
 def speculative_simple(
-    bin_dir: Path, target: Path, aux: Path, prompt: str, n_tokens: int, threads: int, gamma: int, n_ctx: int = 4096
+    bin_dir: Path,
+    target: Path,
+    aux: Path,
+    prompt: str,
+    n_tokens: int,
+    threads: int,
+    gamma: int,
+    n_ctx: int = 4096,
+    flash_attn: Optional[bool] = None,
 ) -> dict[str, Any]:
-    """Greedy draft-model speculative decoding with llama.cpp's example, same draft length."""
+    """Greedy draft-model speculative decoding with llama.cpp's example, same draft length and
+    flash attention."""
     exe = _tool(bin_dir, "llama-speculative-simple")
     cmd = [str(exe), "-m", str(target), "-md", str(aux), "--spec-type", "draft-simple", "-p", prompt]
     cmd += ["-n", str(n_tokens), "-t", str(threads), "--temp", "0", "--spec-draft-n-max", str(gamma), "-c", str(n_ctx)]
+    cmd += _flash_attn(flash_attn)
     # as mtad-edge loads models there, less the repacked Q4_0 / Q4_K kernels it names tensor by
     # tensor (runtime/repack.py): llama.cpp's tools cannot ask for those without AMX's
     cmd += ["--no-repack"] if uses_amx() else []

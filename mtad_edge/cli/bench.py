@@ -219,7 +219,7 @@ def bench(
                 raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
             depth = int(statistics.median(len(engine.tokenize(t)) for t in rendered)) if rendered else 0
             tg_before = native.llama_bench(
-                Path(llama_cpp_bin), Path(str(paths.target)), base.max_tokens, threads, depth
+                Path(llama_cpp_bin), Path(str(paths.target)), base.max_tokens, threads, depth, engine.flash_attn
             )
         bar = stack.enter_context(click.progressbar(length=total, label="bench", file=sys.stderr))
         rows = run_bench(engine, prompts, cfg, bar.update, judge)
@@ -319,12 +319,13 @@ def _variant_json(v: Variant) -> dict[str, Any]:
 def _native(bin_dir, paths, rendered, base, threads, tg_before: dict) -> dict:
     """llama-bench (AR, target alone: the mean of ``tg_before`` our runs and another after them)
     and llama-speculative-simple (greedy, same gamma) per prompt."""
-    after = native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads, tg_before["depth"])
+    fa = tg_before["flash_attn"]
+    after = native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads, tg_before["depth"], fa)
     tg = native.mean_of(tg_before, after)
     res = {"llama-bench tg target": tg}
     runs = [
         native.speculative_simple(
-            Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.max_gamma
+            Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.max_gamma, 4096, fa
         )
         for text in rendered
     ]

@@ -184,7 +184,8 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--flash-attn/--no-flash-attn",
             default=None,
-            help="Force flash attention on or off (default: llama.cpp decides).",
+            help="Force flash attention on or off (default: off on a CPU for heads up to 64 wide, where it "
+            "costs; else llama.cpp decides).",
         ),
         click.option(
             "--backend",
