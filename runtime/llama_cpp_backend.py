@@ -33,9 +33,10 @@ _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6:
 AMX_FLAG = "AMX_INT8 = 1"
 # llama.cpp's "auto" turns flash attention on wherever its op runs (llama.cpp #26559). On the CPU
 # its kernel pays per cached position and head, which narrow heads do not earn back: measured on
-# the 2-core AVX-512 VM (docs/backends.md#flash-attention), 64-wide heads (SmolLM2, its stand-ins)
-# made a one-row step 4-8 % and a 6-row verify 20-55 % dearer with it (200-1000 cached tokens);
-# 256-wide heads (Gemma 3) 2-4 % cheaper. So on the CPU alone it is off by default for heads up to:
+# the 2-core AVX-512 VM (docs/backends.md#flash-attention), with 64-wide heads (SmolLM2, its
+# stand-ins) a one-row step cost 2-40 % and a 6-row verify 17-130 % more with it (200-1000 cached
+# tokens), with 256-wide heads (Gemma 3) 2-4 % less. Below ~80 cached tokens it is the cheaper one,
+# which chats and documents leave early. So on the CPU alone it is off for heads up to:
 CPU_FLASH_ATTN_OFF_HEAD = 64
 
 
