@@ -325,7 +325,14 @@ def _native(bin_dir, paths, rendered, base, threads, tg_before: dict) -> dict:
     res = {"llama-bench tg target": tg}
     runs = [
         native.speculative_simple(
-            Path(bin_dir), Path(paths.target), Path(paths.aux), text, base.max_tokens, threads, base.max_gamma, 4096, fa
+            Path(bin_dir),
+            Path(paths.target),
+            Path(paths.aux),
+            text,
+            base.max_tokens,
+            threads,
+            base.max_gamma,
+            flash_attn=fa,
         )
         for text in rendered
     ]
