@@ -222,7 +222,7 @@ class LlamaCppBackend:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.reason()}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         try:
-            self._check_context(config)
+            self._check_context(config, cpu_alone)
         except BaseException:
             self.close()
             raise
@@ -272,13 +272,12 @@ class LlamaCppBackend:
                 "model data); prepare or download it again"
             )
 
-    def _check_context(self, config: LlamaCppConfig) -> None:
+    def _check_context(self, config: LlamaCppConfig, on_host: bool) -> None:
         """Before llama.cpp allocates the KV cache: the context fits what the model was trained for
         and, when the cache lives in host memory, the machine (n_ctx is 32-bit in llama.cpp: 2^32
         tokens wrapped to a context of 198; 1e20 allocated until the kernel killed the process)."""
         lib, model = self._lib, self._model
         check_trained_context(self.path, config.positions or config.n_ctx, lib.llama_model_n_ctx_train(model))
-        on_host = config.n_gpu_layers == 0 or not lib.llama_supports_gpu_offload()
         memory = _physical_memory()
         if not on_host or not memory:
             return
