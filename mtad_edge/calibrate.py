@@ -38,6 +38,7 @@ def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int],
     parts: list[Any] = [options.backend, options.provider, options.threads or os.cpu_count(), options.n_gpu_layers]
     # the flash attention each context runs with (llama.cpp's): it moves what a call costs
     parts += [getattr(m, "flash_attn", None) for m in (models.target, models.aux)]
+    parts += [getattr(m, "amx", 0) for m in (models.target, models.aux)]  # AMX's kernels, where they run
     parts += [*store.file_identity(models.pair.target, models.pair.aux), target_rows, aux_rows, _version()]
     return store.key(parts)
 

@@ -301,6 +301,11 @@ class Engine:
         return getattr(self._require_open().target, "flash_attn", None)
 
     @property
+    def amx(self) -> bool:
+        """Whether llama.cpp multiplies the target's weights with AMX (runtime/amx.py)."""
+        return bool(getattr(self._require_open().target, "amx", 0))
+
+    @property
     def n_ctx(self) -> int:
         return self._require_open().target.n_ctx
 

@@ -20,16 +20,18 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .amx import amx_works
 from .backend import Batch, VocabInfo, check_trained_context
 from .errors import ModelLoadError, MtadEdgeError
 from .gguf_header import read_header
-from .repack import Overrides, repack_patterns
+from .repack import REPACK_BUFFER, Overrides, amx_kinds, placements
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-# Weights repacked for Intel AMX crash llama.cpp's first matrix product on AMX machines (a
-# segfault in ggml_backend_amx_mul_mat, llama.cpp #20824; here: the default pair's Q4_0 aux on a
-# Sapphire-Rapids-class VM), so where the build uses AMX, models load without extra buffer types
-# (the repacked kernels among them are asked for tensor by tensor: runtime/repack.py).
+# Weights repacked for Intel AMX crash llama.cpp's first matrix product of more than one row in
+# builds whose compiler drops the AMX tile configuration (llama.cpp #20824 / #26954; here: GCC
+# 12's build of llama-cpp-python on a Sapphire-Rapids-class VM), so where the build uses AMX,
+# models load without extra buffer types: the repacked kernels are asked for tensor by tensor,
+# and the AMX ones only where a child process ran them (runtime/repack.py, runtime/amx.py).
 AMX_FLAG = "AMX_INT8 = 1"
 # llama.cpp's "auto" turns flash attention on wherever its op runs (llama.cpp #26559). On the CPU
 # its kernel pays per cached position and head, which narrow heads do not earn back: measured on
@@ -206,17 +208,22 @@ class LlamaCppBackend:
         _Log.recent.clear()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 2**31 - 1
-        self.repacked = 0  # tensor kinds sent to llama.cpp's repacked CPU kernels by us (runtime/repack.py)
+        self.repacked = 0  # block kinds sent by us to llama.cpp's repacked CPU kernels
+        self.amx = 0  # matrix kinds llama.cpp multiplies with AMX, where this build's AMX runs
         amx = uses_amx()
-        if amx:
-            mparams.use_extra_bufts = False
         cpu_alone = config.n_gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload()
+        tiles = False
         if amx and cpu_alone:
             # on the CPU alone: an override would also keep offloaded layers' weights off the GPU
-            self._overrides = Overrides(llama_cpp, repack_patterns(read_header(self.path)))
+            header = read_header(self.path)
+            tiles = amx_works(self.path, header)
+            self._overrides = Overrides(llama_cpp, placements(header, amx=tiles))
             if self._overrides.pointer is not None:
                 mparams.tensor_buft_overrides = self._overrides.pointer
-                self.repacked = self._overrides.count
+                self.repacked = self._overrides.named.get(REPACK_BUFFER, 0)
+            self.amx = len(amx_kinds(header)) if tiles else 0
+        if amx and not tiles:
+            mparams.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.reason()}")

@@ -194,6 +194,20 @@ def test_native_tools_run_with_our_targets_flash_attention(tmp_path):
     assert args[args.index("-fa") + 1] == "off"
 
 
+def test_llama_bench_uses_amx_where_our_target_does(tmp_path, monkeypatch):
+    """On AMX machines llama-bench runs without its extra buffer types, as our models load,
+    unless AMX multiplies our target's weights (a build whose AMX kernels run)."""
+    from mtad_edge.bench import native
+
+    _fake_tool(tmp_path, "llama-bench", stdout=json.dumps([{"avg_ts": 140.5}]))
+    for machine, ours, repack_off in ((True, False, True), (True, True, False), (False, False, False)):
+        monkeypatch.setattr(native, "uses_amx", lambda machine=machine: machine)
+        b = llama_bench(tmp_path, tmp_path / "t.gguf", 128, 2, amx=ours)
+        args = b["command"].split()
+        assert (args[args.index("--repack") + 1] == "0" if "--repack" in args else False) == repack_off
+        assert b["amx"] == ours
+
+
 def test_llama_bench_is_measured_after_as_many_cached_tokens_as_our_runs(tmp_path):
     """Our tok/s is measured after the prompt; llama-bench's tg after -d cached tokens is its peer
     (and tg after none is kept beside it); output it cannot read is a one-line error."""

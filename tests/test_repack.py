@@ -1,5 +1,6 @@
 """Repacked CPU weights where AMX forces them off: the GGUF header read as untrusted input, the
-tensors named from it, and the default pair's aux loaded that way."""
+tensors named from it, the child that tells whether the build's AMX kernels run, and the
+default pair's aux loaded that way."""
 
 from __future__ import annotations
 
@@ -10,9 +11,17 @@ import numpy as np
 import pytest
 
 from mtad_edge.runtime.gguf_header import MAX_KV, Tensor, read_header
-from mtad_edge.runtime.repack import REPACK_KINDS, Overrides, repack_patterns
+from mtad_edge.runtime.repack import (
+    CPU_BUFFER,
+    REPACK_BUFFER,
+    REPACK_KINDS,
+    Overrides,
+    amx_kinds,
+    placements,
+    repack_patterns,
+)
 
-Q4_0, Q4_K, Q6_K, F16 = 2, 12, 14, 1
+Q4_0, Q8_0, Q4_K, Q6_K, F16 = 2, 8, 12, 14, 1
 
 
 def _s(text: str | bytes) -> bytes:
@@ -108,31 +117,78 @@ def test_only_kinds_whose_every_tensor_llama_cpp_can_repack_are_named():
     assert "token_embd" not in "".join(named)  # the embedding is also read by row (get_rows)
 
 
-def test_overrides_name_the_repack_buffer_of_the_ggml_llama_cpp_uses():
+def test_with_working_amx_llama_cpp_places_the_weights_but_float_matrices_stay_in_the_plain_buffer():
+    from mtad_edge.runtime.gguf_header import Header
+
+    def header(tensors: dict, arch: str = "llama") -> Header:
+        return Header(arch, {n: Tensor(t, s) for n, (t, s) in tensors.items()})
+
+    every = [rf"^blk\.[0-9]+\.{kind}\.weight$" for kind in REPACK_KINDS]
+    tied = model() | {"token_embd.weight": (Q4_0, (64, 1024))}  # the embedding is the output matrix too
+    assert amx_kinds(header(tied)) == every + [r"^token_embd\.weight$"]
+    assert amx_kinds(header(model())) == every  # a vocabulary of 1000: not a multiple of 32 rows
+    assert amx_kinds(header(model(ggml_type=Q8_0))) == every  # Q8_0: AMX only, never repacked
+    assert amx_kinds(header(model(rows=40))) == []  # rows not a multiple of 32
+    assert amx_kinds(header(model(ggml_type=Q4_K))) == []  # a Q4_K row must hold 256 weights
+    assert amx_kinds(header(model(ggml_type=F16))) == [] and amx_kinds(None) == []
+    untied = model(ggml_type=Q8_0) | {"output.weight": (Q8_0, (64, 1024))}
+    assert r"^output\.weight$" in amx_kinds(header(untied))
+    # extra buffer types on: llama.cpp places quantized weights itself; F16 ones are kept out of AMX
+    assert placements(header(tied), amx=True) == []
+    f16 = model(ggml_type=F16) | {"output.weight": (F16, (64, 1024))}
+    kept = every + [r"^output\.weight$", r"^token_embd\.weight$"]
+    assert placements(header(f16), amx=True) == [(p, CPU_BUFFER) for p in kept]
+    assert placements(header(tied), amx=False) == [(p, REPACK_BUFFER) for p in every]  # never an output matrix
+    assert placements(header(model(), "qwen2"), amx=True) == [] and amx_kinds(header(model(), "qwen2")) == []
+
+
+def test_the_amx_child_counts_as_working_only_when_it_exits_cleanly_in_time():
+    import sys
+
+    from mtad_edge.runtime.amx import survives
+
+    assert survives([sys.executable, "-c", "pass"], 60)
+    assert not survives([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], 60)
+    assert not survives([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"], 60)
+    assert not survives([sys.executable, "-c", "raise SystemExit(3)"], 60)
+    assert not survives([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
+    assert not survives(["/nonexistent/python"], 60)
+
+
+def test_overrides_name_the_extra_buffers_of_the_ggml_llama_cpp_uses():
     llama_cpp = pytest.importorskip("llama_cpp")
     assert Overrides(llama_cpp, []).pointer is None
-    made = Overrides(llama_cpp, [r"^blk\.[0-9]+\.attn_q\.weight$"])
+    q, o = r"^blk\.[0-9]+\.attn_q\.weight$", r"^output\.weight$"
+    made = Overrides(llama_cpp, [(q, REPACK_BUFFER), (o, CPU_BUFFER), ("^x$", b"NO_SUCH_BUFFER")])
     if "AVX2 = 1" not in llama_cpp.llama_print_system_info().decode():
         assert made.pointer is None
-    else:
-        assert made.count == 1 and made.pointer is not None
+    else:  # a buffer type this ggml lacks is left out
+        assert made.count == 2 and made.pointer is not None and made.named == {REPACK_BUFFER: 1, CPU_BUFFER: 1}
 
 
 @pytest.mark.slow
 def test_on_amx_machines_the_q4_0_aux_runs_repacked_and_drafts_the_same_distribution(smol_files, monkeypatch):
     """Where AMX turns llama.cpp's extra buffer types off, the aux's projections are repacked by
-    name; its logits stay those of the same weights (llama.cpp rounds activations a little
-    differently there), and the F16 target has nothing to repack."""
+    name, or sent to AMX where a child ran this build's AMX kernels; its logits stay those of the
+    same weights (llama.cpp rounds activations a little differently there), and the F16 target
+    has nothing to repack."""
+    from mtad_edge.runtime import amx as amx_probe
     from mtad_edge.runtime import llama_cpp_backend as lb
     from mtad_edge.runtime.backend import Batch
+    from mtad_edge.runtime.gguf_header import read_header
 
     if not lb.uses_amx():
         pytest.skip("extra buffer types stay on without AMX: llama.cpp repacks by itself")
     config = lb.LlamaCppConfig(n_ctx=256, n_threads=2)
+    tiles = amx_probe.amx_works(smol_files.aux, read_header(smol_files.aux))
     aux = lb.LlamaCppBackend(smol_files.aux, config)
     target = lb.LlamaCppBackend(smol_files.target, config)
     try:
-        assert aux.repacked == len(REPACK_KINDS) and target.repacked == 0
+        if tiles:  # this build's AMX kernels ran in the child: every matrix goes there, the output too
+            assert aux.amx == len(REPACK_KINDS) + 1 and aux.repacked == 0
+        else:
+            assert aux.repacked == len(REPACK_KINDS) and aux.amx == 0
+        assert target.repacked == target.amx == 0
         tokens = target.tokenize("The history of the Roman Empire begins with the founding of the city of Rome")
         repacked = aux.decode(Batch.run(tokens, 0, logits="all")).copy()  # a view of the context
     finally:
@@ -143,12 +199,13 @@ def test_on_amx_machines_the_q4_0_aux_runs_repacked_and_drafts_the_same_distribu
     with monkeypatch.context() as m:  # layers offloaded to a GPU keep their weights there: nothing is named
         m.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
         offloaded = lb.LlamaCppBackend(smol_files.aux, lb.LlamaCppConfig(n_ctx=256, n_threads=2, n_gpu_layers=-1))
-        assert offloaded.repacked == 0
+        assert offloaded.repacked == offloaded.amx == 0
         offloaded.close()
-    monkeypatch.setattr(lb, "repack_patterns", lambda header: [])
+    monkeypatch.setattr(lb, "placements", lambda header, amx: [])
+    monkeypatch.setattr(lb, "amx_works", lambda path, header: False)
     plain = lb.LlamaCppBackend(smol_files.aux, config)
     try:
-        assert plain.repacked == 0
+        assert plain.repacked == plain.amx == 0
         reference = plain.decode(Batch.run(tokens, 0, logits="all")).copy()
     finally:
         plain.close()

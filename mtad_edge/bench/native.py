@@ -29,16 +29,25 @@ def _flash_attn(on: Optional[bool]) -> list[str]:
 
 
 def llama_bench(
-    bin_dir: Path, model: Path, n_tokens: int, threads: int, depth: int = 0, flash_attn: Optional[bool] = None
+    bin_dir: Path,
+    model: Path,
+    n_tokens: int,
+    threads: int,
+    depth: int = 0,
+    flash_attn: Optional[bool] = None,
+    amx: bool = False,
 ) -> dict:
     """Token generation speed (tg) of ``model`` alone: llama-bench -p 0 -n N, after ``depth``
     cached tokens (-d; our tok/s is measured after the prompt, and each cached token makes a
-    step dearer) and after none, for the record; flash attention as ours runs."""
+    step dearer) and after none, for the record; flash attention and AMX (``amx``: our target's
+    weights multiplied there) as ours runs."""
     exe = _tool(bin_dir, "llama-bench")
     depths = sorted({0, max(0, int(depth))})
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(n_tokens), "-r", "3", "-o", "json"]
     cmd += ["-d", ",".join(map(str, depths)), *_flash_attn(flash_attn)]
-    cmd += ["--repack", "0"] if uses_amx() else []  # as mtad-edge loads models there (llama_cpp_backend.AMX_FLAG)
+    # as mtad-edge loads models there (llama_cpp_backend.AMX_FLAG); llama-bench's one-row calls take
+    # AMX's VNNI path, which runs even in builds whose multi-row AMX calls crash (runtime/amx.py)
+    cmd += ["--repack", "0"] if uses_amx() and not amx else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise MtadEdgeError(f"llama-bench failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -56,6 +65,7 @@ def llama_bench(
         "tokens_per_s_depth_0": speed_0,
         "n_gen": n_tokens,
         "flash_attn": flash_attn,
+        "amx": amx,
         "command": " ".join(cmd),
     }
 

@@ -219,7 +219,13 @@ def bench(
                 raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
             depth = int(statistics.median(len(engine.tokenize(t)) for t in rendered)) if rendered else 0
             tg_before = native.llama_bench(
-                Path(llama_cpp_bin), Path(str(paths.target)), base.max_tokens, threads, depth, engine.flash_attn
+                Path(llama_cpp_bin),
+                Path(str(paths.target)),
+                base.max_tokens,
+                threads,
+                depth,
+                engine.flash_attn,
+                engine.amx,
             )
         bar = stack.enter_context(click.progressbar(length=total, label="bench", file=sys.stderr))
         rows = run_bench(engine, prompts, cfg, bar.update, judge)
@@ -320,7 +326,9 @@ def _native(bin_dir, paths, rendered, base, threads, tg_before: dict) -> dict:
     """llama-bench (AR, target alone: the mean of ``tg_before`` our runs and another after them)
     and llama-speculative-simple (greedy, same gamma) per prompt."""
     fa = tg_before["flash_attn"]
-    after = native.llama_bench(Path(bin_dir), Path(paths.target), base.max_tokens, threads, tg_before["depth"], fa)
+    after = native.llama_bench(
+        Path(bin_dir), Path(paths.target), base.max_tokens, threads, tg_before["depth"], fa, tg_before["amx"]
+    )
     tg = native.mean_of(tg_before, after)
     res = {"llama-bench tg target": tg}
     runs = [

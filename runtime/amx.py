@@ -1,0 +1,90 @@
+"""Whether this llama.cpp build's AMX matrix kernels run here, asked of a child process.
+
+Builds of llama.cpp whose compiler drops the stores of its AMX tile configuration (GCC 12, as
+pip builds llama-cpp-python on Debian 12) load the configuration empty and die on the first
+tile instruction (SIGILL or SIGSEGV, llama.cpp #20824 / #26954), but only for calls of more than
+one row: one-row calls take a VNNI path that works. A crash cannot be caught in-process, so a
+child loads one matrix kind of the model into the AMX buffer and decodes ``PROBE_ROWS`` tokens
+in one call; the model loads there only if that child exits cleanly. One verdict per process
+and set of weight types.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+from .gguf_header import Header, read_header
+from .repack import AMX_BUFFER, amx_kinds
+
+PROBE_ROWS = 4  # more than one: one row takes AMX's VNNI path, which works even where tiles crash
+PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a second or two
+PROBE_CTX = 64  # the child's context, in tokens
+PROBE_MODULE = "mtad_edge.runtime.amx"
+
+
+def amx_works(path: str | os.PathLike[str], header: Optional[Header]) -> bool:
+    """Whether the model at ``path`` holds weights AMX multiplies and a child decoded with them."""
+    if not amx_kinds(header):
+        return False
+    assert header is not None  # amx_kinds() names nothing without one
+    types = tuple(sorted({t.type for t in header.tensors.values()}))
+    return _works(types, str(path))
+
+
+_VERDICTS: dict[tuple[int, ...], bool] = {}  # by the set of weight types a model holds
+
+
+def _works(types: tuple[int, ...], path: str) -> bool:
+    """One verdict per set of weight types (``path``: the first model with it)."""
+    if types not in _VERDICTS:
+        _VERDICTS[types] = survives([sys.executable, "-m", PROBE_MODULE, path], PROBE_TIMEOUT_S)
+    return _VERDICTS[types]
+
+
+def survives(cmd: Sequence[str], timeout: float) -> bool:
+    """Whether ``cmd`` exits with 0 within ``timeout`` seconds (killed by a signal: it did not)."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return proc.returncode == 0
+
+
+def _child(path: str) -> int:
+    """Load the first matrix kind of ``path`` that AMX takes into its buffer and decode PROBE_ROWS
+    tokens in one call (0: it ran)."""
+    import ctypes
+
+    import llama_cpp
+
+    from .llama_cpp_backend import quiet_llama_logs
+    from .repack import Overrides
+
+    quiet_llama_logs()
+    overrides = Overrides(llama_cpp, [(p, AMX_BUFFER) for p in amx_kinds(read_header(Path(path)))[:1]])
+    if overrides.pointer is None:
+        return 2
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.use_extra_bufts = False
+    mparams.tensor_buft_overrides = overrides.pointer
+    model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+    if not model:
+        return 3
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = PROBE_CTX
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if not ctx:
+        return 4
+    tokens = (llama_cpp.llama_token * PROBE_ROWS)(*range(1, PROBE_ROWS + 1))
+    first = ctypes.cast(tokens, ctypes.POINTER(llama_cpp.llama_token))
+    rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(first, PROBE_ROWS))
+    return 0 if rc == 0 else 5
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))
