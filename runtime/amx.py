@@ -4,14 +4,15 @@ Builds of llama.cpp whose compiler drops the stores of its AMX tile configuratio
 pip builds llama-cpp-python on Debian 12) load the configuration empty and die on the first
 tile instruction (SIGILL or SIGSEGV, llama.cpp #20824 / #26954), but only for calls of more than
 one row: one-row calls take a VNNI path that works. A crash cannot be caught in-process, so a
-child loads one matrix kind of the model into the AMX buffer and decodes ``PROBE_ROWS`` tokens
-in one call; the model loads there only if that child exits cleanly. One verdict per process
-and set of weight types.
+child loads a matrix kind of each weight type the model holds into the AMX buffer and decodes
+``PROBE_ROWS`` tokens in one call; the model loads there only if that child exits cleanly. One
+verdict per process and set of weight types.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ PROBE_ROWS = 4  # more than one: one row takes AMX's VNNI path, which works even
 PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a second or two
 PROBE_CTX = 64  # the child's context, in tokens
 PROBE_MODULE = "mtad_edge.runtime.amx"
+TIED_OUTPUT = r"^token_embd\.weight$"  # amx_kinds()' name for a tied output matrix
 
 
 def amx_works(path: str | os.PathLike[str], header: Optional[Header]) -> bool:
@@ -55,9 +57,24 @@ def survives(cmd: Sequence[str], timeout: float) -> bool:
     return proc.returncode == 0
 
 
+def probed_kinds(header: Optional[Header]) -> list[str]:
+    """The kinds the child sends to AMX: the first of each weight type among those AMX takes,
+    less the embedding (named for a tied output, its copy and the input table share the name,
+    and the table is read by row)."""
+    kinds: list[str] = []
+    types: set[int] = set()
+    for pattern in amx_kinds(header):
+        assert header is not None  # amx_kinds() names nothing without one
+        kind = {t.type for n, t in header.tensors.items() if re.fullmatch(pattern[1:-1], n, re.ASCII)}
+        if pattern != TIED_OUTPUT and not kind <= types:
+            kinds.append(pattern)
+            types |= kind
+    return kinds
+
+
 def _child(path: str) -> int:
-    """Load the first matrix kind of ``path`` that AMX takes into its buffer and decode PROBE_ROWS
-    tokens in one call (0: it ran)."""
+    """Load the kinds probed_kinds() names into AMX's buffer and decode PROBE_ROWS tokens in
+    one call (0: it ran)."""
     import ctypes
 
     import llama_cpp
@@ -66,7 +83,7 @@ def _child(path: str) -> int:
     from .repack import Overrides
 
     quiet_llama_logs()
-    overrides = Overrides(llama_cpp, [(p, AMX_BUFFER) for p in amx_kinds(read_header(Path(path)))[:1]])
+    overrides = Overrides(llama_cpp, [(p, AMX_BUFFER) for p in probed_kinds(read_header(Path(path)))])
     if overrides.pointer is None:
         return 2
     mparams = llama_cpp.llama_model_default_params()

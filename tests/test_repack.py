@@ -142,6 +142,23 @@ def test_with_working_amx_llama_cpp_places_the_weights_but_float_matrices_stay_i
     assert placements(header(model(), "qwen2"), amx=True) == [] and amx_kinds(header(model(), "qwen2")) == []
 
 
+def test_the_amx_child_tries_a_kind_of_every_weight_type_amx_takes_but_never_the_embedding():
+    from mtad_edge.runtime.amx import probed_kinds
+    from mtad_edge.runtime.gguf_header import Header
+
+    def header(tensors: dict) -> Header:
+        return Header("llama", {n: Tensor(t, s) for n, (t, s) in tensors.items()})
+
+    kind = [rf"^blk\.[0-9]+\.{kind}\.weight$" for kind in REPACK_KINDS]
+    tied = model() | {"token_embd.weight": (Q8_0, (64, 1024))}  # the default pair's aux: Q4_0, Q8_0 output
+    assert probed_kinds(header(tied)) == kind[:1]  # a tied output's name is the input table's too
+    untied = tied | {"output.weight": (Q8_0, (64, 1024))}
+    assert probed_kinds(header(untied)) == [kind[0], r"^output\.weight$"]
+    mixed = model(ggml_type=Q8_0) | {f"blk.{i}.ffn_up.weight": (Q4_0, (64, 64)) for i in range(2)}
+    assert probed_kinds(header(mixed)) == [kind[0], kind[REPACK_KINDS.index("ffn_up")]]
+    assert probed_kinds(header(model(ggml_type=F16))) == [] and probed_kinds(None) == []
+
+
 def test_the_amx_child_counts_as_working_only_when_it_exits_cleanly_in_time():
     import sys
 
