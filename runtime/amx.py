@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from .gguf_header import Header, read_header
-from .repack import AMX_BUFFER, amx_kinds
+from .repack import AMX_BUFFER, Overrides, amx_kinds
 
 PROBE_ROWS = 4  # more than one: one row takes AMX's VNNI path, which works even where tiles crash
 PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a second or two
@@ -74,15 +74,11 @@ def probed_kinds(header: Optional[Header]) -> list[str]:
 
 def _child(path: str) -> int:
     """Load the kinds probed_kinds() names into AMX's buffer and decode PROBE_ROWS tokens in
-    one call (0: it ran)."""
+    one call (0: it ran). llama.cpp's log goes to stderr, which the parent keeps to itself."""
     import ctypes
 
     import llama_cpp
 
-    from .llama_cpp_backend import quiet_llama_logs
-    from .repack import Overrides
-
-    quiet_llama_logs()
     overrides = Overrides(llama_cpp, [(p, AMX_BUFFER) for p in probed_kinds(read_header(Path(path)))])
     if overrides.pointer is None:
         return 2
