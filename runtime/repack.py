@@ -42,16 +42,11 @@ AVX2_FLAG = "AVX2 = 1"
 _CPU_DEVICE = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
 
 
-def repack_patterns(header: Optional[Header]) -> list[str]:
-    """llama.cpp tensor-name patterns (ECMAScript regexes) for the tensors of ``header`` that
-    its CPU_REPACK buffer takes; none where the header or architecture is unknown."""
-    return [pattern for pattern, _ in placements(header, amx=False)]
-
-
 def placements(header: Optional[Header], amx: bool) -> list[tuple[str, bytes]]:
-    """(pattern, buffer type name) for the tensors of ``header``; none where the header or
-    architecture is unknown. Without ``amx``: the block kinds CPU_REPACK takes. With it (extra
-    buffer types on: llama.cpp places the rest): the float matrices, kept in the CPU buffer."""
+    """(llama.cpp tensor-name pattern, an ECMAScript regex; buffer type name) for the tensors
+    of ``header``; none where the header or architecture is unknown. Without ``amx``: the block
+    kinds CPU_REPACK takes. With it (extra buffer types on: llama.cpp places the rest): the
+    float matrices, kept in the CPU buffer."""
     if header is None or header.architecture not in REPACK_ARCHITECTURES:
         return []
     out = []

@@ -18,10 +18,16 @@ from mtad_edge.runtime.repack import (
     Overrides,
     amx_kinds,
     placements,
-    repack_patterns,
 )
 
 Q4_0, Q8_0, Q4_K, Q6_K, F16 = 2, 8, 12, 14, 1
+
+
+def repack_patterns(header) -> list[str]:
+    """The patterns named for CPU_REPACK where AMX's kernels do not run (every one is)."""
+    named = placements(header, amx=False)
+    assert all(buffer == REPACK_BUFFER for _, buffer in named)
+    return [pattern for pattern, _ in named]
 
 
 def _s(text: str | bytes) -> bytes:
