@@ -27,6 +27,7 @@ PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a s
 PROBE_CTX = 64  # the child's context, in tokens
 PROBE_MODULE = "mtad_edge.runtime.amx"
 TIED_OUTPUT = r"^token_embd\.weight$"  # amx_kinds()' name for a tied output matrix
+PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3  # prctl options (linux/prctl.h)
 
 
 def amx_works(path: str | os.PathLike[str], header: Optional[Header]) -> bool:
@@ -72,11 +73,21 @@ def probed_kinds(header: Optional[Header]) -> list[str]:
     return kinds
 
 
+def no_core_dump() -> None:
+    """Where the build's AMX crashes, the child's crash is its answer: no core file or crash
+    report (apport, systemd-coredump) for it."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 def _child(path: str) -> int:
     """Load the kinds probed_kinds() names into AMX's buffer and decode PROBE_ROWS tokens in
     one call (0: it ran). llama.cpp's log goes to stderr, which the parent keeps to itself."""
     import ctypes
 
+    no_core_dump()
     import llama_cpp
 
     overrides = Overrides(llama_cpp, [(p, AMX_BUFFER) for p in probed_kinds(read_header(Path(path)))])

@@ -166,6 +166,7 @@ def test_the_amx_child_tries_a_kind_of_every_weight_type_amx_takes_but_never_the
 
 
 def test_the_amx_child_counts_as_working_only_when_it_exits_cleanly_in_time():
+    import subprocess
     import sys
 
     from mtad_edge.runtime.amx import survives
@@ -176,6 +177,11 @@ def test_the_amx_child_counts_as_working_only_when_it_exits_cleanly_in_time():
     assert not survives([sys.executable, "-c", "raise SystemExit(3)"], 60)
     assert not survives([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
     assert not survives(["/nonexistent/python"], 60)
+    if sys.platform == "linux":  # the child's expected crash leaves no core dump or crash report
+        code = "import ctypes; from mtad_edge.runtime import amx; amx.no_core_dump(); "
+        code += "raise SystemExit(ctypes.CDLL(None).prctl(amx.PR_GET_DUMPABLE, 0, 0, 0, 0))"
+        assert subprocess.run([sys.executable, "-c", code]).returncode == 0  # not dumpable
+        assert subprocess.run([sys.executable, "-c", code.replace("amx.no_core_dump(); ", "")]).returncode == 1
 
 
 def test_overrides_name_the_extra_buffers_of_the_ggml_llama_cpp_uses():
