@@ -12,7 +12,6 @@ verdict per process and set of weight types.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -20,13 +19,12 @@ from pathlib import Path
 from typing import Optional
 
 from .gguf_header import Header, read_header
-from .repack import AMX_BUFFER, Overrides, amx_kinds
+from .repack import AMX_BUFFER, TIED_OUTPUT, Overrides, amx_kinds, amx_matrices, exact
 
 PROBE_ROWS = 4  # more than one: one row takes AMX's VNNI path, which works even where tiles crash
 PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a second or two
 PROBE_CTX = 64  # the child's context, in tokens
 PROBE_MODULE = "mtad_edge.runtime.amx"
-TIED_OUTPUT = r"^token_embd\.weight$"  # amx_kinds()' name for a tied output matrix
 PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3  # prctl options (linux/prctl.h)
 
 
@@ -64,10 +62,9 @@ def probed_kinds(header: Optional[Header]) -> list[str]:
     and the table is read by row)."""
     kinds: list[str] = []
     types: set[int] = set()
-    for pattern in amx_kinds(header):
-        assert header is not None  # amx_kinds() names nothing without one
-        kind = {t.type for n, t in header.tensors.items() if re.fullmatch(pattern[1:-1], n, re.ASCII)}
-        if pattern != TIED_OUTPUT and not kind <= types:
+    for pattern, found in amx_matrices(header):
+        kind = {t.type for t in found}
+        if pattern != exact(TIED_OUTPUT) and not kind <= types:
             kinds.append(pattern)
             types |= kind
     return kinds

@@ -37,7 +37,8 @@ AMX_ROWS = 32  # output rows per AMX block (TILE_N x 2): a weight's rows must be
 # 5-row verify of the x4 stand-in cost 1.9x a step there against 1.2x (docs/backends.md#amx)
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 # the output matrix: untied, or llama.cpp's copy of a tied one, which carries the embedding's name
-OUTPUT_MATRICES = ("output.weight", "token_embd.weight")
+TIED_OUTPUT = "token_embd.weight"
+OUTPUT_MATRICES = ("output.weight", TIED_OUTPUT)
 AVX2_FLAG = "AVX2 = 1"
 _CPU_DEVICE = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
 
@@ -61,9 +62,19 @@ def placements(header: Optional[Header], amx: bool) -> list[tuple[str, bytes]]:
 def amx_kinds(header: Optional[Header]) -> list[str]:
     """Patterns of the matrix kinds of ``header`` whose every tensor llama.cpp's AMX buffer
     multiplies (what it sends there with the extra buffer types on)."""
+    return [pattern for pattern, _ in amx_matrices(header)]
+
+
+def amx_matrices(header: Optional[Header]) -> list[tuple[str, list[Tensor]]]:
+    """(pattern, tensors) of those kinds."""
     if header is None or header.architecture not in REPACK_ARCHITECTURES:
         return []
-    return [p for p, found in _matrices(header) if all(_amx_takes(t.type, t.shape) for t in found)]
+    return [(p, found) for p, found in _matrices(header) if all(_amx_takes(t.type, t.shape) for t in found)]
+
+
+def exact(name: str) -> str:
+    """The pattern naming one tensor."""
+    return "^" + re.escape(name) + "$"
 
 
 def _matrices(header: Header) -> list[tuple[str, list[Tensor]]]:
@@ -77,7 +88,7 @@ def _matrices(header: Header) -> list[tuple[str, list[Tensor]]]:
             out.append((rf"^blk\.[0-9]+\.{kind}\.weight$", found))
     for matrix in OUTPUT_MATRICES:
         if matrix in header.tensors:
-            out.append(("^" + re.escape(matrix) + "$", [header.tensors[matrix]]))
+            out.append((exact(matrix), [header.tensors[matrix]]))
     return out
 
 
