@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from mtad_edge.runtime.gguf_header import MAX_KV, Tensor, read_header
+from mtad_edge.runtime.gguf_header import MAX_KV, Header, Tensor, read_header
 from mtad_edge.runtime.repack import (
     CPU_BUFFER,
     REPACK_BUFFER,
@@ -60,6 +60,11 @@ def model(layers: int = 2, ggml_type: int = Q4_0, rows: int = 64) -> dict:
     return t
 
 
+def header(tensors: dict, arch: str = "llama") -> Header:
+    """A header as read_header() gives it, from (type, shape) by tensor name."""
+    return Header(arch, {n: Tensor(t, s) for n, (t, s) in tensors.items()})
+
+
 def test_a_gguf_header_is_read_as_llama_cpp_writes_it(tmp_path, smol_files):
     aux = read_header(smol_files.aux)
     assert aux is not None and aux.architecture == "llama" and len(aux.tensors) == 272
@@ -102,11 +107,6 @@ def test_a_header_that_breaks_a_bound_or_ends_early_is_none_never_an_error(tmp_p
 
 
 def test_only_kinds_whose_every_tensor_llama_cpp_can_repack_are_named():
-    from mtad_edge.runtime.gguf_header import Header
-
-    def header(tensors: dict, arch: str = "llama") -> Header:
-        return Header(arch, {n: Tensor(t, s) for n, (t, s) in tensors.items()})
-
     every = [rf"^blk\.[0-9]+\.{kind}\.weight$" for kind in REPACK_KINDS]
     assert repack_patterns(header(model())) == every
     assert repack_patterns(header(model(ggml_type=Q4_K))) == every
@@ -124,11 +124,6 @@ def test_only_kinds_whose_every_tensor_llama_cpp_can_repack_are_named():
 
 
 def test_with_working_amx_llama_cpp_places_the_weights_but_float_matrices_stay_in_the_plain_buffer():
-    from mtad_edge.runtime.gguf_header import Header
-
-    def header(tensors: dict, arch: str = "llama") -> Header:
-        return Header(arch, {n: Tensor(t, s) for n, (t, s) in tensors.items()})
-
     every = [rf"^blk\.[0-9]+\.{kind}\.weight$" for kind in REPACK_KINDS]
     tied = model() | {"token_embd.weight": (Q4_0, (64, 1024))}  # the embedding is the output matrix too
     assert amx_kinds(header(tied)) == every + [r"^token_embd\.weight$"]
@@ -150,10 +145,6 @@ def test_with_working_amx_llama_cpp_places_the_weights_but_float_matrices_stay_i
 
 def test_the_amx_child_tries_a_kind_of_every_weight_type_amx_takes_but_never_the_embedding():
     from mtad_edge.runtime.amx import probed_kinds
-    from mtad_edge.runtime.gguf_header import Header
-
-    def header(tensors: dict) -> Header:
-        return Header("llama", {n: Tensor(t, s) for n, (t, s) in tensors.items()})
 
     kind = [rf"^blk\.[0-9]+\.{kind}\.weight$" for kind in REPACK_KINDS]
     tied = model() | {"token_embd.weight": (Q8_0, (64, 1024))}  # the default pair's aux: Q4_0, Q8_0 output
