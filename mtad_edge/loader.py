@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import mtad_edge.store as store
 from mtad_edge.pairs import Pair
-from mtad_edge.runtime import methods
+from mtad_edge.runtime import amx, methods
 from mtad_edge.runtime.backend import Backend
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
 from mtad_edge.runtime.errors import MtadEdgeError, quoted
@@ -80,8 +80,30 @@ def load_backend(
             n_gpu_layers=_gpu_layers(opts.n_gpu_layers),
             flash_attn=opts.flash_attn,
             positions=positions,
+            amx_store=StoredAmxCrashes(),
         ),
     )
+
+
+class StoredAmxCrashes:
+    """The AMX children that crashed (runtime/amx.py), kept in the cache by this build, CPU and
+    kernel, so that later processes skip the child (about 0.3 s of every start)."""
+
+    def __init__(self) -> None:
+        self._identity: Optional[list[object]] = None
+
+    def _record(self, types: tuple[int, ...]) -> Optional[Path]:
+        self._identity = self._identity or amx.build_identity()
+        return store.path("amx", store.key([self._identity, list(types)])) if self._identity else None
+
+    def crashed(self, types: tuple[int, ...]) -> bool:
+        record = self._record(types)
+        return record is not None and store.read_json(record) == {"types": list(types), "crashed": True}
+
+    def record_crash(self, types: tuple[int, ...]) -> None:
+        record = self._record(types)
+        if record is not None:
+            store.remember(lambda: store.write_json(record, {"types": list(types), "crashed": True}))
 
 
 class LoadedPair:

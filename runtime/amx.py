@@ -6,17 +6,20 @@ tile instruction (SIGILL or SIGSEGV, llama.cpp #20824 / #26954), but only for ca
 one row: one-row calls take a VNNI path that works. A crash cannot be caught in-process, so a
 child loads a matrix kind of each weight type the model holds into the AMX buffer and decodes
 ``PROBE_ROWS`` tokens in one call; the model loads there only if that child exits cleanly. One
-verdict per process and set of weight types.
+verdict per process and set of weight types; a caller may keep the crashes across processes
+(``VerdictStore``, keyed by ``build_identity()``), never a clean run: a "yes" kept wrongly would
+crash every later run, a "no" costs only speed.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 from .gguf_header import Header, read_header
 from .repack import AMX_BUFFER, TIED_OUTPUT, Overrides, amx_kinds, amx_matrices, exact
@@ -26,34 +29,82 @@ PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a s
 PROBE_CTX = 64  # the child's context, in tokens
 PROBE_MODULE = "mtad_edge.runtime.amx"
 PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3  # prctl options (linux/prctl.h)
+LIBRARY_PREFIXES = ("libllama", "libggml")  # the shared libraries whose build decides the verdict
+PROC_MAPS = Path("/proc/self/maps")  # where Linux lists a process's mapped files
+PROC_CPUINFO = Path("/proc/cpuinfo")
+# What a tile instruction raises under an empty configuration: the build's answer, kept. Other
+# ends (a timeout, SIGKILL from the OOM killer, SIGINT from Ctrl-C) may not recur: asked again.
+CRASH_SIGNALS = (signal.SIGILL, signal.SIGSEGV)
 
 
-def amx_works(path: str | os.PathLike[str], header: Optional[Header]) -> bool:
-    """Whether the model at ``path`` holds weights AMX multiplies and a child decoded with them."""
+class VerdictStore(Protocol):
+    """Crashes kept across processes, by the set of weight types (a cache of the caller's)."""
+
+    def crashed(self, types: tuple[int, ...]) -> bool: ...
+
+    def record_crash(self, types: tuple[int, ...]) -> None: ...
+
+
+def amx_works(path: str | os.PathLike[str], header: Optional[Header], store: Optional[VerdictStore] = None) -> bool:
+    """Whether the model at ``path`` holds weights AMX multiplies and a child decoded with them
+    (``store``: crashes of earlier processes, which are not asked again)."""
     if not amx_kinds(header):
         return False
     assert header is not None  # amx_kinds() names nothing without one
     types = tuple(sorted({t.type for t in header.tensors.values()}))
-    return _works(types, str(path))
+    return _works(types, str(path), store)
 
 
 _VERDICTS: dict[tuple[int, ...], bool] = {}  # by the set of weight types a model holds
 
 
-def _works(types: tuple[int, ...], path: str) -> bool:
+def _works(types: tuple[int, ...], path: str, store: Optional[VerdictStore]) -> bool:
     """One verdict per set of weight types (``path``: the first model with it)."""
     if types not in _VERDICTS:
-        _VERDICTS[types] = survives([sys.executable, "-m", PROBE_MODULE, path], PROBE_TIMEOUT_S)
+        if store is not None and store.crashed(types):
+            _VERDICTS[types] = False
+        else:
+            rc = exit_status([sys.executable, "-m", PROBE_MODULE, path], PROBE_TIMEOUT_S)
+            _VERDICTS[types] = rc == 0
+            if rc is not None and -rc in CRASH_SIGNALS and store is not None:
+                store.record_crash(types)
     return _VERDICTS[types]
 
 
-def survives(cmd: Sequence[str], timeout: float) -> bool:
-    """Whether ``cmd`` exits with 0 within ``timeout`` seconds (killed by a signal: it did not)."""
+def exit_status(cmd: Sequence[str], timeout: float) -> Optional[int]:
+    """``cmd``'s exit status (negative: the signal that killed it), or None where it did not
+    finish within ``timeout`` seconds or could not start."""
     try:
         proc = subprocess.run(list(cmd), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except (subprocess.TimeoutExpired, OSError):
-        return False
-    return proc.returncode == 0
+        return None
+    return proc.returncode
+
+
+def build_identity() -> Optional[list[object]]:
+    """What a kept verdict depends on beside the weight types: the llama.cpp libraries this
+    process mapped (path, size, mtime), the CPU, the kernel and the build's feature line. None
+    where the libraries cannot be listed (no /proc): nothing is then kept."""
+    import llama_cpp  # its libraries mapped before they are listed
+
+    try:
+        maps = PROC_MAPS.read_text()
+        cpu = next((ln for ln in PROC_CPUINFO.read_text().splitlines() if ln.startswith("model name")), "")
+    except OSError:
+        return None
+    libs = sorted({ln.split(None, 5)[5] for ln in maps.splitlines() if len(ln.split(None, 5)) == 6})
+    libs = [f for f in libs if Path(f).name.startswith(LIBRARY_PREFIXES)]
+    if not libs:
+        return None
+    files = []
+    for f in libs:
+        try:
+            st = Path(f).stat()
+        except OSError:
+            return None
+        files.append([f, st.st_size, st.st_mtime_ns])
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return [files, cpu, os.uname().release, info]
 
 
 def probed_kinds(header: Optional[Header]) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .amx import amx_works
+from .amx import VerdictStore, amx_works
 from .backend import Batch, VocabInfo, check_trained_context
 from .errors import ModelLoadError, MtadEdgeError
 from .gguf_header import read_header
@@ -59,6 +59,7 @@ class LlamaCppConfig:
     n_gpu_layers: int = 0  # -1 offloads every layer (needs a CUDA/Metal build)
     flash_attn: Optional[bool] = None  # None: flash_attention() decides
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
+    amx_store: Optional[VerdictStore] = None  # AMX children that crashed in earlier processes (runtime/amx.py)
 
 
 # What a KV cache may take of the machine's memory: beyond it, a context that llama.cpp would
@@ -216,7 +217,7 @@ class LlamaCppBackend:
         if amx and cpu_alone:
             # on the CPU alone: an override would also keep offloaded layers' weights off the GPU
             header = read_header(self.path)
-            tiles = amx_works(self.path, header)
+            tiles = amx_works(self.path, header, config.amx_store)
             self._overrides = Overrides(llama_cpp, placements(header, amx=tiles))
             if self._overrides.pointer is not None:
                 mparams.tensor_buft_overrides = self._overrides.pointer

@@ -160,19 +160,99 @@ def test_the_amx_child_counts_as_working_only_when_it_exits_cleanly_in_time():
     import subprocess
     import sys
 
-    from mtad_edge.runtime.amx import survives
+    from mtad_edge.runtime.amx import exit_status
 
-    assert survives([sys.executable, "-c", "pass"], 60)
-    assert not survives([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], 60)
-    assert not survives([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"], 60)
-    assert not survives([sys.executable, "-c", "raise SystemExit(3)"], 60)
-    assert not survives([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
-    assert not survives(["/nonexistent/python"], 60)
+    kill = "import os, signal; os.kill(os.getpid(), signal.{})"
+    assert exit_status([sys.executable, "-c", "pass"], 60) == 0
+    assert exit_status([sys.executable, "-c", kill.format("SIGSEGV")], 60) == -11
+    assert exit_status([sys.executable, "-c", kill.format("SIGILL")], 60) == -4
+    assert exit_status([sys.executable, "-c", "raise SystemExit(3)"], 60) == 3
+    assert exit_status([sys.executable, "-c", "import time; time.sleep(30)"], 0.5) is None
+    assert exit_status(["/nonexistent/python"], 60) is None
     if sys.platform == "linux":  # the child's expected crash leaves no core dump or crash report
         code = "import ctypes; from mtad_edge.runtime import amx; amx.no_core_dump(); "
         code += "raise SystemExit(ctypes.CDLL(None).prctl(amx.PR_GET_DUMPABLE, 0, 0, 0, 0))"
         assert subprocess.run([sys.executable, "-c", code]).returncode == 0  # not dumpable
         assert subprocess.run([sys.executable, "-c", code.replace("amx.no_core_dump(); ", "")]).returncode == 1
+
+
+class Crashes:
+    """A VerdictStore in memory."""
+
+    def __init__(self):
+        self.kept: set[tuple[int, ...]] = set()
+
+    def crashed(self, types):
+        return types in self.kept
+
+    def record_crash(self, types):
+        self.kept.add(types)
+
+
+def test_only_a_child_killed_by_a_signal_is_kept_and_a_kept_crash_asks_no_child(monkeypatch):
+    from mtad_edge.runtime import amx
+
+    children: list[str] = []
+    # SIGILL, clean, timed out, failed to load, SIGKILL (the OOM killer), SIGINT (Ctrl-C), SIGSEGV
+    status = {"a": -4, "b": 0, "c": None, "d": 5, "e": -9, "f": -2, "g": -11}
+
+    def child(cmd, timeout):
+        children.append(cmd[-1])
+        return status[cmd[-1]]
+
+    monkeypatch.setattr(amx, "exit_status", child)
+    monkeypatch.setattr(amx, "_VERDICTS", {})
+    kept = Crashes()
+    verdicts = [False, True, False, False, False, False, False]
+    assert [amx._works((i,), name, kept) for i, name in enumerate("abcdefg")] == verdicts
+    assert kept.kept == {(0,), (6,)} and children == list("abcdefg")  # never a clean run: a wrong "yes" crashes
+    monkeypatch.setattr(amx, "_VERDICTS", {})  # a later process
+    assert [amx._works((i,), name, kept) for i, name in enumerate("abcdefg")] == verdicts
+    assert children == list("abcdefg") + list("bcdef")  # the kept crashes were not asked again
+    monkeypatch.setattr(amx, "_VERDICTS", {})
+    assert amx._works((0,), "a", None) is False and children[-1] == "a"  # without a store, asked
+
+
+def test_crashes_are_kept_in_the_cache_by_build_and_weight_types(monkeypatch, tmp_path):
+    from mtad_edge import loader
+    from mtad_edge.runtime import amx
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path))
+    identity = [[["/lib/libggml-cpu.so", 1, 2]], "model name : X", "6.1", "AMX_INT8 = 1"]
+    monkeypatch.setattr(amx, "build_identity", lambda: identity)
+    loader.StoredAmxCrashes().record_crash((2, 8))
+    later = loader.StoredAmxCrashes()
+    assert later.crashed((2, 8)) and not later.crashed((2,)) and not later.crashed((8, 12))
+    identity[0][0][2] = 3  # the library rebuilt: another build, asked again
+    assert not loader.StoredAmxCrashes().crashed((2, 8))
+    identity[0][0][2] = 2
+    (record,) = (tmp_path / "amx").iterdir()
+    record.write_text("{not json")  # damaged: asked again
+    assert not loader.StoredAmxCrashes().crashed((2, 8))
+    record.write_text('{"types": [2, 8], "crashed": false}')
+    assert not loader.StoredAmxCrashes().crashed((2, 8))
+    monkeypatch.setattr(amx, "build_identity", lambda: None)  # no /proc: nothing kept, nothing read
+    record.unlink()
+    loader.StoredAmxCrashes().record_crash((2, 8))
+    assert not any((tmp_path / "amx").iterdir()) and not loader.StoredAmxCrashes().crashed((2, 8))
+
+
+def test_the_build_identity_names_the_llama_cpp_libraries_this_process_mapped():
+    import sys
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from mtad_edge.runtime.amx import build_identity
+
+    identity = build_identity()
+    if not sys.platform.startswith("linux"):
+        assert identity is None
+        return
+    assert identity is not None
+    files, cpu, release, info = identity
+    names = [f.rsplit("/", 1)[-1] for f, _, _ in files]
+    assert any(n.startswith("libllama") for n in names) and any(n.startswith("libggml") for n in names)
+    assert all(size > 0 and mtime > 0 for _, size, mtime in files)
+    assert info == llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
 def test_overrides_name_the_extra_buffers_of_the_ggml_llama_cpp_uses():
@@ -222,7 +302,7 @@ def test_on_amx_machines_the_q4_0_aux_runs_repacked_and_drafts_the_same_distribu
         assert offloaded.repacked == offloaded.amx == 0
         offloaded.close()
     monkeypatch.setattr(lb, "placements", lambda header, amx: [])
-    monkeypatch.setattr(lb, "amx_works", lambda path, header: False)
+    monkeypatch.setattr(lb, "amx_works", lambda path, header, store=None: False)
     plain = lb.LlamaCppBackend(smol_files.aux, config)
     try:
         assert plain.repacked == plain.amx == 0
