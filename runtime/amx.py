@@ -61,7 +61,7 @@ _VERDICTS: dict[tuple[int, ...], bool] = {}  # by the set of weight types a mode
 def _works(types: tuple[int, ...], path: str, store: Optional[VerdictStore]) -> bool:
     """One verdict per set of weight types (``path``: the first model with it)."""
     if types not in _VERDICTS:
-        if store is not None and store.crashed(types):
+        if store is not None and store.crashed(types) or not can_spawn_python():
             _VERDICTS[types] = False
         else:
             rc = exit_status([sys.executable, "-m", PROBE_MODULE, path], PROBE_TIMEOUT_S)
@@ -69,6 +69,12 @@ def _works(types: tuple[int, ...], path: str, store: Optional[VerdictStore]) -> 
             if rc is not None and -rc in CRASH_SIGNALS and store is not None:
                 store.record_crash(types)
     return _VERDICTS[types]
+
+
+def can_spawn_python() -> bool:
+    """Whether ``sys.executable -m`` starts a Python child: not in a frozen app (PyInstaller and
+    the like), where it would start the app itself, nor in an embedding that names no interpreter."""
+    return bool(sys.executable) and not getattr(sys, "frozen", False)
 
 
 def exit_status(cmd: Sequence[str], timeout: float) -> Optional[int]:

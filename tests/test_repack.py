@@ -190,6 +190,8 @@ class Crashes:
 
 
 def test_only_a_child_killed_by_a_signal_is_kept_and_a_kept_crash_asks_no_child(monkeypatch):
+    import sys
+
     from mtad_edge.runtime import amx
 
     children: list[str] = []
@@ -211,6 +213,11 @@ def test_only_a_child_killed_by_a_signal_is_kept_and_a_kept_crash_asks_no_child(
     assert children == list("abcdefg") + list("bcdef")  # the kept crashes were not asked again
     monkeypatch.setattr(amx, "_VERDICTS", {})
     assert amx._works((0,), "a", None) is False and children[-1] == "a"  # without a store, asked
+    for frozen, executable in ((True, sys.executable), (False, "")):  # a frozen app, an embedding
+        monkeypatch.setattr(amx, "_VERDICTS", {})
+        monkeypatch.setattr(sys, "frozen", frozen, raising=False)
+        monkeypatch.setattr(sys, "executable", executable)
+        assert amx._works((1,), "b", None) is False and len(children) == 13  # no child started
 
 
 def test_crashes_are_kept_in_the_cache_by_build_and_weight_types(monkeypatch, tmp_path):
