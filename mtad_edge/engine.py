@@ -306,6 +306,17 @@ class Engine:
         return bool(getattr(self._require_open().target, "amx", 0))
 
     @property
+    def kernels(self) -> dict[str, Optional[dict[str, int]]]:
+        """Per model, the matrix kinds llama.cpp multiplies with AMX (``amx``) and those we named
+        for its repacked kernels (``repacked``); None for a model whose backend does not say."""
+        pair = self._require_open()
+
+        def of(model: Any) -> Optional[dict[str, int]]:
+            return {"amx": model.amx, "repacked": model.repacked} if hasattr(model, "amx") else None
+
+        return {"target": of(pair.target), "aux": of(pair.aux)}
+
+    @property
     def n_ctx(self) -> int:
         return self._require_open().target.n_ctx
 

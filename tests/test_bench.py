@@ -118,6 +118,16 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
     assert len(res["sweep"]) == 4 and {s["beam_width"] for s in res["sweep"]} == {4, 2}
     md = (out / "report.md").read_text()
     assert "| mtad |" in md and "MTAD sweep" in md
+    from mtad_edge.runtime.llama_cpp_backend import uses_amx
+
+    machine = res["machine"]
+    assert machine["amx"] == uses_amx() and set(machine["kernels"]) == {"target", "aux"}
+    assert machine["kernels"]["target"] == {"amx": 0, "repacked": 0}  # F16: nothing for AMX or repacking
+    aux = machine["kernels"]["aux"]
+    assert ("This CPU has AMX" in md) == uses_amx()
+    if uses_amx():  # the Q4_0 aux goes to AMX where the build runs it, else to the repacked kernels
+        assert (aux["amx"] > 0) != (aux["repacked"] > 0)
+        assert ("build's AMX kernels do not run" in md) == (aux["repacked"] > 0)
     for png in ("bench.png", "sweep.png"):
         data = (out / png).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
@@ -416,6 +426,21 @@ def test_report_and_quality_plot_from_aggregates(tmp_path):
     assert "| sd | 4: 8 | – | – | 50.0 |" in md  # a fixed gamma beside the adaptive one
     png = plot_quality(tmp_path, results)
     assert png is not None and png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_report_says_whether_amx_multiplied_the_pairs_weights():
+    from mtad_edge.bench.report import _amx_line
+
+    on = {"target": {"amx": 0, "repacked": 0}, "aux": {"amx": 8, "repacked": 0}}
+    assert _amx_line({"amx": True, "kernels": on}) == [
+        "",
+        "This CPU has AMX: llama.cpp multiplied 8 of the aux's matrix kinds with it.",
+    ]
+    broken = {"target": {"amx": 0, "repacked": 0}, "aux": {"amx": 0, "repacked": 7}}
+    assert "build's AMX kernels do not run" in _amx_line({"amx": True, "kernels": broken})[1]
+    floats = {"target": {"amx": 0, "repacked": 0}, "aux": None}  # an F16 model alone, or an ONNX aux
+    assert "none of the pair's matrices" in _amx_line({"amx": True, "kernels": floats})[1]
+    assert _amx_line({"amx": False, "kernels": on}) == [] and _amx_line({}) == []  # no AMX, or an older results.json
 
 
 @pytest.mark.slow

@@ -21,6 +21,26 @@ def write_json(out: Path, results: dict) -> Path:
     return path
 
 
+def _amx_line(machine: dict) -> list[str]:
+    """Whether AMX multiplied the pair's weights: it halves a quantized aux's cost on CPUs that
+    have it (docs/backends.md#amx), so a run's speeds depend on it."""
+    if not machine.get("amx"):
+        return []
+    models = {k: v for k, v in (machine.get("kernels") or {}).items() if v}
+    on = {k: v["amx"] for k, v in models.items() if v.get("amx")}
+    if on:
+        kinds = " and ".join(f"{n} of the {k}'s" for k, n in on.items())
+        return ["", f"This CPU has AMX: llama.cpp multiplied {kinds} matrix kinds with it."]
+    if any(v.get("repacked") for v in models.values()):
+        return [
+            "",
+            "This CPU has AMX, and this llama.cpp build's AMX kernels do not run on it: quantized "
+            "weights ran on the repacked kernels (`scripts/amx-llama-cpp.sh` builds ones that run; "
+            "docs/backends.md#amx).",
+        ]
+    return ["", "This CPU has AMX; none of the pair's matrices are of a type llama.cpp multiplies with it."]
+
+
 def report_markdown(results: dict) -> str:
     methods, rat = results["methods"], results.get("ratios", {})
     cfg = results["config"]
@@ -32,6 +52,7 @@ def report_markdown(results: dict) -> str:
         f"temperature {cfg['temperature']}, "
         f"top-k {cfg['top_k']}, top-p {cfg['top_p']}, gamma {cfg['gamma']}, beam width {cfg['beam_width']}, "
         f"threshold {cfg['accept_threshold']}, {cfg['threads']} threads.",
+        *_amx_line(results.get("machine") or {}),
         "",
         "| variant | tok/s (min-max) | x ar | x sd | TTFT s | block eff. | acceptance | PPL | PPL x ar "
         "| CPU s/tok | J/tok | peak RSS MB |",

@@ -36,7 +36,7 @@ from mtad_edge.bench.variants import capacity as variant_capacity
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
 from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.errors import MtadEdgeError
-from mtad_edge.runtime.llama_cpp_backend import default_threads
+from mtad_edge.runtime.llama_cpp_backend import default_threads, uses_amx
 from mtad_edge.runtime.methods import names as method_names
 from mtad_edge.runtime.options import OPTIONS
 
@@ -236,6 +236,7 @@ def bench(
             keys = ("tokens_per_s", "block_efficiency", "acceptance_rate", "ppl", "judge_ppl", "distinct_2", "rep_4")
             sweep_rows.append({**p, **{k: agg.get(k) for k in keys}})
         judge_info = judging.describe(judge, judge_ref or "", paths.target)
+        kernels = engine.kernels
     agg = aggregate(rows, {v.label: v for v in variants})
     results = {
         "schema": 1,
@@ -267,7 +268,13 @@ def bench(
             "preset": preset,
             "judge": judge_info,
         },
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpu_threads_used": threads},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpu_threads_used": threads,
+            "amx": uses_amx(),
+            "kernels": kernels,
+        },
         "variants": [_variant_json(v) for v in variants],
         "methods": agg,
         "ratios": ratios(agg),
