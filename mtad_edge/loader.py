@@ -90,11 +90,16 @@ class StoredAmxCrashes:
     kernel, so that later processes skip the child (about 0.3 s of every start)."""
 
     def __init__(self) -> None:
-        self._identity: Optional[list[object]] = None
+        self._identity: Optional[list[Any]] = None
 
     def _record(self, types: tuple[int, ...]) -> Optional[Path]:
-        self._identity = self._identity or amx.build_identity()
-        return store.path("amx", store.key([self._identity, list(types)])) if self._identity else None
+        if self._identity is None:
+            build = amx.build_identity()
+            if build is None:
+                return None
+            libraries = store.file_identity(*build["libraries"])  # a rebuilt library is another build
+            self._identity = [libraries, build["cpu"], build["kernel"], build["features"]]
+        return store.path("amx", store.key([self._identity, list(types)]))
 
     def crashed(self, types: tuple[int, ...]) -> bool:
         record = self._record(types)

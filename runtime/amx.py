@@ -19,7 +19,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from .gguf_header import Header, read_header
 from .repack import AMX_BUFFER, TIED_OUTPUT, Overrides, amx_kinds, amx_matrices, exact
@@ -87,10 +87,11 @@ def exit_status(cmd: Sequence[str], timeout: float) -> Optional[int]:
     return proc.returncode
 
 
-def build_identity() -> Optional[list[object]]:
+def build_identity() -> Optional[dict[str, Any]]:
     """What a kept verdict depends on beside the weight types: the llama.cpp libraries this
-    process mapped (path, size, mtime), the CPU, the kernel and the build's feature line. None
-    where the libraries cannot be listed (no /proc): nothing is then kept."""
+    process mapped (``libraries``: their paths, for the caller to identify as it does model
+    files), the CPU, the kernel and the build's feature line. None where the libraries cannot be
+    listed (no /proc): nothing is then kept."""
     import llama_cpp  # its libraries mapped before they are listed
 
     try:
@@ -98,19 +99,12 @@ def build_identity() -> Optional[list[object]]:
         cpu = next((ln for ln in PROC_CPUINFO.read_text().splitlines() if ln.startswith("model name")), "")
     except OSError:
         return None
-    libs = sorted({ln.split(None, 5)[5] for ln in maps.splitlines() if len(ln.split(None, 5)) == 6})
-    libs = [f for f in libs if Path(f).name.startswith(LIBRARY_PREFIXES)]
-    if not libs:
+    mapped = {fields[5] for fields in (ln.split(None, 5) for ln in maps.splitlines()) if len(fields) == 6}
+    libraries = sorted(f for f in mapped if Path(f).name.startswith(LIBRARY_PREFIXES))
+    if not libraries:
         return None
-    files = []
-    for f in libs:
-        try:
-            st = Path(f).stat()
-        except OSError:
-            return None
-        files.append([f, st.st_size, st.st_mtime_ns])
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
-    return [files, cpu, os.uname().release, info]
+    return {"libraries": libraries, "cpu": cpu, "kernel": os.uname().release, "features": info}
 
 
 def probed_kinds(header: Optional[Header]) -> list[str]:

@@ -4,8 +4,10 @@ default pair's aux loaded that way."""
 
 from __future__ import annotations
 
+import os
 import struct
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -225,14 +227,21 @@ def test_crashes_are_kept_in_the_cache_by_build_and_weight_types(monkeypatch, tm
     from mtad_edge.runtime import amx
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path))
-    identity = [[["/lib/libggml-cpu.so", 1, 2]], "model name : X", "6.1", "AMX_INT8 = 1"]
-    monkeypatch.setattr(amx, "build_identity", lambda: identity)
+    library = tmp_path / "libggml-cpu.so"
+    library.write_bytes(b"build 1")
+    build = {"libraries": [str(library)], "cpu": "model name : X", "kernel": "6.1", "features": "AMX_INT8 = 1"}
+    monkeypatch.setattr(amx, "build_identity", lambda: build)
     loader.StoredAmxCrashes().record_crash((2, 8))
     later = loader.StoredAmxCrashes()
     assert later.crashed((2, 8)) and not later.crashed((2,)) and not later.crashed((8, 12))
-    identity[0][0][2] = 3  # the library rebuilt: another build, asked again
+    library.write_bytes(b"build 2, longer")  # the library rebuilt: another build, asked again
     assert not loader.StoredAmxCrashes().crashed((2, 8))
-    identity[0][0][2] = 2
+    library.write_bytes(b"build 1")
+    os.utime(library, ns=(1, 1))  # same size, another mtime: another build
+    assert not loader.StoredAmxCrashes().crashed((2, 8))
+    for f in (tmp_path / "amx").iterdir():
+        f.unlink()
+    loader.StoredAmxCrashes().record_crash((2, 8))
     (record,) = (tmp_path / "amx").iterdir()
     record.write_text("{not json")  # damaged: asked again
     assert not loader.StoredAmxCrashes().crashed((2, 8))
@@ -255,11 +264,10 @@ def test_the_build_identity_names_the_llama_cpp_libraries_this_process_mapped():
         assert identity is None
         return
     assert identity is not None
-    files, cpu, release, info = identity
-    names = [f.rsplit("/", 1)[-1] for f, _, _ in files]
+    names = [f.rsplit("/", 1)[-1] for f in identity["libraries"]]
     assert any(n.startswith("libllama") for n in names)  # ggml beside it where the build splits it out
-    assert all(size > 0 and mtime > 0 for _, size, mtime in files)
-    assert info == llama_cpp.llama_print_system_info().decode(errors="replace")
+    assert all(Path(f).is_file() for f in identity["libraries"])
+    assert identity["features"] == llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
 def test_overrides_name_the_extra_buffers_of_the_ggml_llama_cpp_uses():
