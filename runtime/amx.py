@@ -61,7 +61,7 @@ _VERDICTS: dict[tuple[int, ...], bool] = {}  # by the set of weight types a mode
 def _works(types: tuple[int, ...], path: str, store: Optional[VerdictStore]) -> bool:
     """One verdict per set of weight types (``path``: the first model with it)."""
     if types not in _VERDICTS:
-        if store is not None and store.crashed(types) or not can_spawn_python():
+        if not can_spawn_python() or (store is not None and store.crashed(types)):
             _VERDICTS[types] = False
         else:
             rc = exit_status([sys.executable, "-m", PROBE_MODULE, path], PROBE_TIMEOUT_S)
