@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from collections import Counter
 from typing import Any, Optional
 
 from .gguf_header import BLOCK_MATRICES, Header, Tensor
@@ -111,13 +112,13 @@ class Overrides:
     """A NULL-terminated llama_model_tensor_buft_override array sending each pattern to its
     buffer type of the ggml that ``lib`` (llama_cpp) is linked with; it must outlive the model
     load. A pattern whose buffer type is not found is left out; ``pointer`` is None where none
-    is left. ``count``: the patterns named, ``named``: those by buffer type name."""
+    is left. ``named``: the patterns named, by buffer type name."""
 
     def __init__(self, lib: Any, placed: list[tuple[str, bytes]]) -> None:
-        self.count, self.pointer = 0, None
-        self.named: dict[bytes, int] = {}
+        self.pointer = None
         bufts = _buffer_types(lib) if placed else {}
-        kept = [(p, bufts[b]) for p, b in placed if b in bufts]
+        kept = [(p, b) for p, b in placed if b in bufts]
+        self.named: dict[bytes, int] = dict(Counter(b for _, b in kept))
         if not kept:
             return
 
@@ -125,11 +126,8 @@ class Overrides:
             _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
         self._patterns = [p.encode() for p, _ in kept]
-        self._array = (Override * (len(kept) + 1))(*[Override(p, b) for p, (_, b) in zip(self._patterns, kept)])
-        self.count, self.pointer = len(kept), ctypes.cast(self._array, ctypes.c_void_p)
-        for _, b in placed:
-            if b in bufts:
-                self.named[b] = self.named.get(b, 0) + 1
+        self._array = (Override * (len(kept) + 1))(*[Override(p, bufts[b]) for p, (_, b) in zip(self._patterns, kept)])
+        self.pointer = ctypes.cast(self._array, ctypes.c_void_p)
 
 
 def _buffer_types(lib: Any) -> dict[bytes, int]:

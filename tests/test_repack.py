@@ -278,7 +278,7 @@ def test_overrides_name_the_extra_buffers_of_the_ggml_llama_cpp_uses():
     if "AVX2 = 1" not in llama_cpp.llama_print_system_info().decode():
         assert made.pointer is None
     else:  # a buffer type this ggml lacks is left out
-        assert made.count == 2 and made.pointer is not None and made.named == {REPACK_BUFFER: 1, CPU_BUFFER: 1}
+        assert made.pointer is not None and made.named == {REPACK_BUFFER: 1, CPU_BUFFER: 1}  # two named
 
 
 @pytest.mark.slow
