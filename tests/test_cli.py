@@ -1,5 +1,7 @@
 """The `mtad-edge` CLI through click's CliRunner, and once as a real console-script subprocess."""
 
+import contextlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -9,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from mtad_edge.cli import cli
 
@@ -164,6 +168,71 @@ def test_console_script_subprocess(smol_files):
         text=True,
         timeout=300,
         env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["stats"]["method"] == "mtad" and out["tokens"] and "Traceback" not in proc.stderr
+
+
+# The extras the README's first command does not install: it installs ".[models]" only.
+EXTRAS_NOT_INSTALLED = ("bench", "serve", "export", "onnx")
+# Runs the console script with the modules named in its first argument made unimportable.
+WITHOUT_MODULES = (
+    "import sys; [sys.modules.__setitem__(m, None) for m in sys.argv.pop(1).split(',')]; "
+    "sys.argv[0] = 'mtad-edge'; from mtad_edge.console import main; main()"
+)
+
+
+def _requires(dist, extra=""):
+    """The distributions `dist` requires, directly, with `extra` selected ("" for none)."""
+    out = set()
+    for line in importlib.metadata.requires(dist) or []:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": extra}):
+            out.add(canonicalize_name(req.name))
+    return out
+
+
+def extra_only_modules():
+    """Top-level modules that only the extras above bring: what a `.[models]` install lacks."""
+    base, todo = set(), list(_requires("mtad-edge") | _requires("mtad-edge", "models"))
+    while todo:  # everything the core and the models extra pull in, transitively
+        name = todo.pop()
+        if name not in base and name != "mtad-edge":
+            base.add(name)
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # another platform's
+                todo.extend(_requires(name))
+    extra = set().union(*(_requires("mtad-edge", e) for e in EXTRAS_NOT_INSTALLED)) - base
+    return sorted(
+        module
+        for module, dists in importlib.metadata.packages_distributions().items()
+        if module.isidentifier() and dists and all(canonicalize_name(d) in extra for d in dists)
+    )
+
+
+def run_without_extras(*args, timeout=60):
+    modules = extra_only_modules()
+    assert {"uvicorn", "fastapi", "matplotlib", "onnxruntime", "torch"} <= set(modules)
+    cmd = [sys.executable, "-c", WITHOUT_MODULES, ",".join(modules), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("command", [[], *([c] for c in sorted(cli.commands))])
+def test_every_command_starts_without_the_optional_extras(command):
+    proc = run_without_extras(*command, "--help")
+    assert proc.returncode == 0 and "Usage: mtad-edge" in proc.stdout, proc.stderr
+
+
+def test_serve_without_its_extra_is_a_one_line_error():
+    proc = run_without_extras("serve", "--port", "0")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("Error: the server needs its extra: pip install 'mtad-edge[serve]'")
+
+
+@pytest.mark.slow
+def test_readme_first_command_runs_without_the_optional_extras(smol_files):
+    proc = run_without_extras(
+        "generate", "--json", "--method", "mtad", "--max-tokens", "8", "--chat", "Explain beam search.", timeout=300
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import click
 
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
-from mtad_edge.server.connections import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS
+from mtad_edge.server.limits import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_HEADER_BYTES
 from mtad_edge.signals import interrupts
 
 
@@ -73,10 +73,14 @@ def serve(
     """Serve /v1/chat/completions, /v1/completions and /v1/models (streaming and not)."""
     import asyncio
 
-    import uvicorn
+    try:
+        import uvicorn
 
-    from mtad_edge.server import connections
-    from mtad_edge.server.app import create_app
+        from mtad_edge.server import connections
+        from mtad_edge.server.app import create_app
+    except ImportError as e:
+        msg = f"the server needs its extra: pip install 'mtad-edge[serve]' ({e.name} missing)"
+        raise click.ClickException(msg) from None
 
     connections.ensure_descriptors(max_connections)
     cfg = decode_config(**decode)
@@ -111,7 +115,7 @@ def serve(
             timeout_graceful_shutdown=10,
             http=connections.limited_protocol(header_timeout, max_connections, refusals),
             timeout_keep_alive=idle_timeout,
-            h11_max_incomplete_event_size=connections.MAX_HEADER_BYTES,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
         click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method})", err=True)
         Server(config).run()  # uvicorn handles the signals while it runs, then hands them on to ours

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mtad_edge.engine import Engine, Response
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server import protocol as P
-from mtad_edge.server.connections import MAX_HEADER_BYTES
+from mtad_edge.server.limits import MAX_HEADER_BYTES
 
 
 class Runs:

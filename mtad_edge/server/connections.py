@@ -19,13 +19,6 @@ from typing import Any, Optional
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-# Defaults of `mtad-edge serve`'s options (docs/reliability.md lists every limit).
-HEADER_TIMEOUT_S = 10.0  # a client sends its request head in well under a second, even on slow links
-IDLE_TIMEOUT_S = 5  # uvicorn's keep-alive default: an idle connection costs a file descriptor
-# One request runs at a time and --queue-size wait: 128 connections is far more than can be served
-# at once, and far below the usual 1024-descriptor limit.
-MAX_CONNECTIONS = 128
-MAX_HEADER_BYTES = 16 * 1024  # a request head's bytes at most (h11's default): 400 or 431 above
 FD_RESERVE = 64  # descriptors beside the connections: model files, logs, the listening socket, ...
 LOG_EVERY_S = 10.0  # refused connections are summed into one log line at most this often
 
