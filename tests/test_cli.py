@@ -1,6 +1,7 @@
 """The `mtad-edge` CLI through click's CliRunner, and once as a real console-script subprocess."""
 
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -193,6 +194,7 @@ def _requires(dist, extra=""):
     return out
 
 
+@functools.cache
 def extra_only_modules():
     """Top-level modules that only the extras above bring: what a `.[models]` install lacks."""
     base, todo = set(), list(_requires("mtad-edge") | _requires("mtad-edge", "models"))
@@ -203,10 +205,12 @@ def extra_only_modules():
             with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # another platform's
                 todo.extend(_requires(name))
     extra = set().union(*(_requires("mtad-edge", e) for e in EXTRAS_NOT_INSTALLED)) - base
-    return sorted(
-        module
-        for module, dists in importlib.metadata.packages_distributions().items()
-        if module.isidentifier() and dists and all(canonicalize_name(d) in extra for d in dists)
+    return tuple(
+        sorted(
+            module
+            for module, dists in importlib.metadata.packages_distributions().items()
+            if module.isidentifier() and dists and all(canonicalize_name(d) in extra for d in dists)
+        )
     )
 
 
