@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from mtad_edge.cli.options import errors_as_click, vocab_mismatch_option
+from mtad_edge.cli.options import errors_as_click, missing_extra, vocab_mismatch_option
 
 STEPS_SIBLING, STEPS_SELF = 5, 4  # tokenizer check, conversions, two quantizations
 
@@ -157,8 +157,7 @@ def widen(target, factor, out, aux, outtype, name, overwrite):
         job = standin_job(target, factor, Path(out), aux, say, outtype=outtype, name=name, overwrite=overwrite)
         manifest = export_standin(job, say)
     except ImportError as e:
-        msg = f"the export needs its extra: pip install 'mtad-edge[export]' ({e.name} missing)"
-        raise click.ClickException(msg) from None
+        raise missing_extra("the export", "export", e) from None
     click.echo(str(manifest))
 
 
@@ -176,6 +175,5 @@ def _export(aux: str, run: Callable[[Any, Callable[[str], None]], Path]) -> None
 
             manifest = run(ex, step)
     except ImportError as e:
-        msg = f"the export needs its extra: pip install 'mtad-edge[export]' ({e.name} missing)"
-        raise click.ClickException(msg) from None
+        raise missing_extra("the export", "export", e) from None
     click.echo(str(manifest))

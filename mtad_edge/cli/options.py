@@ -205,6 +205,11 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     )(wrapper)
 
 
+def missing_extra(what: str, extra: str, e: ImportError) -> click.ClickException:
+    """An optional extra that is not installed, as a one-line error naming what installs it."""
+    return click.ClickException(f"{what} needs its extra: pip install 'mtad-edge[{extra}]' ({e.name} missing)")
+
+
 def errors_as_click(f: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the runtime's user-facing errors into one-line click errors (exit 1, no traceback)."""
 

@@ -7,7 +7,14 @@ from typing import Any, Optional
 
 import click
 
-from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
+from mtad_edge.cli.options import (
+    ModelChoice,
+    decode_config,
+    decode_options,
+    errors_as_click,
+    missing_extra,
+    model_options,
+)
 from mtad_edge.server.limits import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_HEADER_BYTES
 from mtad_edge.signals import interrupts
 
@@ -79,8 +86,7 @@ def serve(
         from mtad_edge.server import connections
         from mtad_edge.server.app import create_app
     except ImportError as e:
-        msg = f"the server needs its extra: pip install 'mtad-edge[serve]' ({e.name} missing)"
-        raise click.ClickException(msg) from None
+        raise missing_extra("the server", "serve", e) from None
 
     connections.ensure_descriptors(max_connections)
     cfg = decode_config(**decode)
