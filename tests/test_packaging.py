@@ -6,6 +6,7 @@ plain `pip install .` (the README's first command). So the wheel is built here, 
 copy of what the build reads, and compared with the tree.
 """
 
+import functools
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ BUILD_INPUTS = ("pyproject.toml", "README.md")  # besides the package folders
 SKIPPED = ("__pycache__",)
 
 
+@functools.cache
 def package_dirs() -> dict[str, str]:
     """Installed package prefix (mtad_edge/runtime) -> source folder (runtime), from pyproject."""
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -32,28 +34,27 @@ def top_folders() -> set[str]:
     return {folder.split("/")[0] for folder in package_dirs().values()}
 
 
+def source_files(pattern: str) -> list[Path]:
+    """The files under the package roots matching ``pattern``, caches left out."""
+    paths = (path for top in top_folders() for path in (ROOT / top).rglob(pattern))
+    return [path for path in paths if path.is_file() and not any(s in path.parts for s in SKIPPED)]
+
+
 def tree_files() -> set[str]:
     """Every file under the packages' folders (data folders inside them too), named as the wheel
     would install it: under the deepest package folder that holds it."""
     folders = sorted(package_dirs().items(), key=lambda item: -len(item[1]))
     out = set()
-    for top in top_folders():
-        for path in (ROOT / top).rglob("*"):
-            if path.is_file() and not any(s in path.parts for s in SKIPPED):
-                rel = path.relative_to(ROOT).as_posix()
-                prefix, folder = next((p, f) for p, f in folders if rel.startswith(f + "/"))
-                out.add(f"{prefix}/{rel[len(folder) + 1 :]}")
+    for path in source_files("*"):
+        rel = path.relative_to(ROOT).as_posix()
+        prefix, folder = next((p, f) for p, f in folders if rel.startswith(f + "/"))
+        out.add(f"{prefix}/{rel[len(folder) + 1 :]}")
     return out
 
 
 def test_every_package_folder_is_listed_in_pyproject():
     listed = {(ROOT / folder).resolve() for folder in package_dirs().values()}
-    found = {
-        init.parent.resolve()
-        for top in top_folders()
-        for init in (ROOT / top).rglob("__init__.py")
-        if not any(s in init.parts for s in SKIPPED)
-    }
+    found = {init.parent.resolve() for init in source_files("__init__.py")}
     assert found == listed, f"packages with an __init__.py that pyproject.toml does not list: {found - listed}"
 
 
