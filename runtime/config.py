@@ -76,8 +76,12 @@ class DecodeConfig:
 
     @property
     def draft_sources(self) -> tuple[bool, bool]:
-        """(the aux model drafts, prompt lookup drafts) as the drafter option asks; 'auto': the aux."""
-        names = ("aux",) if self.drafter == AUTO else self.drafter.split("+")
+        """(the aux model drafts, prompt lookup drafts) as the drafter option asks. 'auto': the aux,
+        and prompt lookup beside it where the controller chooses the draft (gamma 'auto'), since it
+        prices a free draft apart and takes it only where it pays; a fixed gamma pins the aux's drafts."""
+        if self.drafter == AUTO:
+            return True, self.gamma == AUTO
+        names = self.drafter.split("+")
         return "aux" in names, "ngram" in names
 
     @property

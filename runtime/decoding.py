@@ -122,7 +122,7 @@ class Generation:
     ``vocab``: the map when the aux speaks another vocabulary (runtime/vocab.py). ``learn``: a
     seeded run too plans from ``model`` and teaches it (else from a frozen copy). A drafting method
     drafts with ``aux`` and/or prompt lookup, as ``cfg.drafter`` says ('auto': the aux when given,
-    else lookup)."""
+    with lookup beside it under gamma 'auto'; lookup alone without an aux)."""
 
     def __init__(
         self,

@@ -202,7 +202,8 @@ OPTIONS: dict[str, Option] = {
             AUTO,
             "What drafts: the aux model (aux), prompt lookup (ngram: what followed an earlier occurrence of "
             "the last tokens, no model), or lookup where it finds a match and the aux otherwise (ngram+aux); "
-            "auto: the aux model.",
+            "auto: ngram+aux with --gamma auto (lookup drafts where the controller finds they pay), the aux "
+            "model with a fixed gamma.",
             choices=lambda: DRAFTERS,
         ),
         Option(

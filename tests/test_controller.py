@@ -209,9 +209,10 @@ def test_fixed_controller_is_todays_behaviour():
 
 
 # -- the whole loop on fake backends with a scripted clock ----------------------------------------
-def auto(method="sd", **kw):
-    """Unseeded, so the controller learns timings (a seeded run plans from frozen tables)."""
-    return DecodeConfig(method, 300, gamma="auto", gamma_max=6, **kw)
+def auto(method="sd", drafter="aux", **kw):
+    """Unseeded, so the controller learns timings (a seeded run plans from frozen tables). The aux's
+    controller is under test: prompt lookup (the default drafter's, beside it) stays out."""
+    return DecodeConfig(method, 300, gamma="auto", gamma_max=6, drafter=drafter, **kw)
 
 
 def test_loop_chooses_plain_steps_when_the_draft_is_useless_and_costly():

@@ -93,6 +93,41 @@ def test_greedy_lookup_drafting_gives_greedy_ar(method, drafter, gamma):
         assert st.drafted > st.lookup_drafted  # where lookup found nothing, the aux drafted
 
 
+@pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
+def test_the_default_drafter_adds_lookup_where_the_controller_chooses_the_draft(method):
+    """drafter 'auto' is ngram+aux under gamma 'auto' (the controller prices lookup's free drafts
+    beside the aux's) and the aux alone with a fixed gamma, where the user pinned the drafts."""
+    target, aux = FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9)
+    ar, _ = generate_tokens(target, None, REPEATS, DecodeConfig("ar", 60, sampling=GREEDY))
+    looked_up = {}
+    for gamma in ("auto", 3):
+        cfg = DecodeConfig(method, 60, gamma=gamma, sampling=GREEDY)
+        assert cfg.drafter == "auto" and cfg.draft_sources == (True, gamma == "auto")
+        out, st = generate_tokens(target, aux, REPEATS, cfg)
+        assert out == ar
+        looked_up[gamma] = st.lookup_drafted
+        assert st.drafted > st.lookup_drafted  # the aux drafted either way
+    assert looked_up["auto"] > 0 and looked_up[3] == 0
+
+
+def test_sd_with_the_default_drafter_keeps_the_target_distribution():
+    """Under gamma 'auto' the default drafter mixes lookup and aux drafts step by step, as the
+    controller chooses from what earlier runs taught it (as an engine's requests share one model):
+    the first two tokens are still distributed as the target alone makes them."""
+    from mtad_edge.runtime.controller import Model
+
+    sampling, model = SamplingConfig(1.0, 0, 1.0), Model()
+    target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
+    counts, looked_up, aux_drafted = np.zeros(target.n_vocab**2), 0, 0
+    for seed in range(3000):
+        cfg = DecodeConfig("sd", 2, sampling=sampling, seed=seed)
+        out, st = generate_tokens(target, aux, REPEATS, cfg, model=model, learn=True)
+        counts[out[0] * target.n_vocab + out[1]] += 1
+        looked_up, aux_drafted = looked_up + st.lookup_drafted, aux_drafted + st.drafted - st.lookup_drafted
+    stat, df = chi2_stat(counts, exact_two_token_joint(target, REPEATS, sampling))
+    assert looked_up > 0 and aux_drafted > 0 and stat < chi2_critical(df)
+
+
 def test_lookups_of_each_match_class_are_learned_apart(monkeypatch):
     """A copied passage and a chance bigram are accepted at very different rates: each match class
     has its own acceptance, taught by its own drafts only."""
