@@ -247,11 +247,12 @@ def generate_tokens(target, aux, prompt, cfg, **kw):
     return [t for block in gen for t in block], gen.stats
 
 
-def greedy(target, aux, ids, n: int, method: str = "ar"):
+def greedy(target, aux, ids, n: int, method: str = "ar", drafter: str = "auto"):
     """(tokens, stats) of greedy decoding with ``method``."""
     from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 
-    return generate_tokens(target, aux, ids, DecodeConfig(method, n, sampling=SamplingConfig(temperature=0.0)))
+    cfg = DecodeConfig(method, n, drafter=drafter, sampling=SamplingConfig(temperature=0.0))
+    return generate_tokens(target, aux, ids, cfg)
 
 
 def hf_greedy(hf, ids, n: int) -> list[int]:
@@ -287,11 +288,12 @@ def greedy_agreement(ours, hf_dir, cpp, prompts, n: int = 24) -> tuple[dict[str,
 
 
 def assert_drafting_equals_greedy_ar(target, aux, method: str, prompts, n: int) -> list:
-    """Greedy ``method`` with ``aux`` gives greedy ar's tokens on every prompt; returns the stats."""
+    """Greedy ``method`` drafting with ``aux`` alone (the pair's two backends under test, no prompt
+    lookup beside it) gives greedy ar's tokens on every prompt; returns the stats."""
     stats = []
     for p in prompts:
         ids = target.tokenize(p)
-        out, st = greedy(target, aux, ids, n, method)
+        out, st = greedy(target, aux, ids, n, method, drafter="aux")
         assert out == greedy(target, None, ids, n)[0], (method, p)
         stats.append(st)
     return stats
