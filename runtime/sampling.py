@@ -107,11 +107,35 @@ def kept_logprobs(logits: np.ndarray, cfg: Filter) -> Optional[tuple[np.ndarray,
     return _in_token_order(*_top_k(logits, cfg))
 
 
+# Top-k selects through the maxima of blocks of this many logits: a row's k-th largest entry is
+# at least the k-th largest block maximum, so only the few entries at or above that bound go to
+# argpartition (45 against 400 us for a 49k-token row: 3 % of the tiny pair's plain step, paid
+# again for every row of a verify and of an aux call).
+TOP_K_BLOCK = 128
+
+
 def _top_ids(logits: np.ndarray, k: int) -> np.ndarray:
-    """The k largest entries' ids along the last axis. Temperature does not change the order;
-    selecting the top k from the end is fastest."""
+    """The k largest entries' ids along the last axis, in no set order (the same ids for the
+    same row). Temperature does not change the order."""
     v = logits.shape[-1]
-    return np.argpartition(logits, v - k, axis=-1)[..., v - k :]
+    n_blocks = v // TOP_K_BLOCK
+    if n_blocks < 2 * k:  # short rows: the bound would keep most of them
+        return _argpartition_top(logits, k)
+    rows = logits.reshape(-1, v)
+    maxima = rows[:, : n_blocks * TOP_K_BLOCK].reshape(len(rows), n_blocks, TOP_K_BLOCK).max(axis=2)
+    bound = np.partition(maxima, n_blocks - k, axis=1)[:, n_blocks - k]  # a partial last block only adds entries
+    out = np.empty((len(rows), k), dtype=np.intp)
+    for r, row in enumerate(rows):
+        cand = np.flatnonzero(row >= bound[r])
+        if len(cand) < k:  # NaNs compare false: leave them to argpartition
+            return _argpartition_top(logits, k)
+        out[r] = cand[_argpartition_top(row[cand], k)]
+    return out.reshape(logits.shape[:-1] + (k,))
+
+
+def _argpartition_top(x: np.ndarray, k: int) -> np.ndarray:
+    v = x.shape[-1]
+    return np.argpartition(x, v - k, axis=-1)[..., v - k :]
 
 
 def _top_k(logits: np.ndarray, cfg: Filter) -> tuple[np.ndarray, np.ndarray]:

@@ -5,6 +5,7 @@ from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.sampling import (
     FEW_KEPT,
     filtered_logprobs,
+    kept_logprobs,
     log_softmax,
     sample,
     sample_logits,
@@ -115,3 +116,22 @@ def test_sampling_from_logits_draws_what_the_filtered_row_draws(cfg):
             assert sample_logits(logits, cfg, a) == sample(filtered_logprobs(logits[None], cfg)[0], b)
     greedy = SamplingConfig(temperature=0.0)
     assert sample_logits(np.array([0.1, 3.0, 2.0]), greedy, np.random.default_rng(0)) == 1
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 49152, 49155, 262144])
+def test_kept_tokens_are_the_k_largest_logits(vocab):
+    """Top-k through block maxima keeps exactly the k largest logits of every row: ties at the
+    k-th value, -inf entries, several rows and a vocabulary that is no multiple of the block."""
+    data = np.random.default_rng(vocab)
+    for k in (1, 10, 40):
+        if k >= vocab:
+            continue
+        logits = np.round(data.normal(size=(3, vocab)) * 2, 1).astype(np.float32)  # a coarse grid: ties
+        logits[0, -1] = 100.0  # the largest in the last, partial block
+        logits[1, : vocab // 2] = -np.inf
+        logits[2] = 0.0  # every entry tied
+        ids, logp = kept_logprobs(logits, SamplingConfig(1.0, k, 1.0))
+        for row, kept in zip(logits, ids):
+            assert len(set(kept.tolist())) == k
+            assert np.array_equal(np.sort(row[kept]), np.sort(row)[-k:])
+        assert np.isfinite(logp).all()
