@@ -258,6 +258,7 @@ class LlamaCppBackend:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_params = int(llama_cpp.llama_model_n_params(self._model))  # the model's size, for reports
         self._batch = _BatchBuffer(llama_cpp, self.n_batch, self.n_seq_max)
+        self._views: dict[tuple[int, int], np.ndarray] = {}  # logits views by (address, rows)
         self._history: dict[int, list[int]] = {}  # seq -> tokens by position, for the re-prefill fallback
         self.rollback_fallbacks = 0
         try:
@@ -383,8 +384,14 @@ class LlamaCppBackend:
         if not n_out:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = self._lib.llama_get_logits(self._ctx)
-        view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
-        view.flags.writeable = False  # llama.cpp's buffer: valid until the next decode
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value or 0, n_out)
+        view = self._views.get(key)
+        if view is None:  # a row count not seen on this buffer yet, or a new buffer (llama.cpp grew it)
+            if any(address != key[0] for address, _ in self._views):
+                self._views.clear()
+            view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+            view.flags.writeable = False  # llama.cpp's buffer: valid until the next decode
+            self._views[key] = view
         return view
 
     def held(self, seq: int) -> list[int]:
