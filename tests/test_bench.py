@@ -254,6 +254,8 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
             str(prompts),
             "--max-tokens",
             "4",
+            "--repeats",
+            "2",
             "--gamma",
             "4",
             "--out",
@@ -265,7 +267,7 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
     assert r.exit_code == 0, r.output
     native = json.loads((out / "results.json").read_text())["native"]
     assert native["llama-bench tg target"]["tokens_per_s"] == 140.5
-    assert native["llama-bench tg target"]["tokens_per_s_before_after"] == [140.5, 140.5]  # ran on both sides of ours
+    assert native["llama-bench tg target"]["tokens_per_s_runs"] == [140.5] * 3  # before the repeats and after each
     assert "-fa off" in native["llama-bench tg target"]["command"]  # as the default pair runs on a CPU
     report_md = (out / "report.md").read_text()
     ar = json.loads((out / "results.json").read_text())["methods"]["ar"]["tokens_per_s"]
@@ -273,6 +275,23 @@ def test_bench_native_column_lands_in_results_and_report(tmp_path, smol_files):
     spec = native["speculative-simple temp 0, draft 4"]
     assert spec["tokens_per_s"] == pytest.approx(80.0) and spec["acceptance_rate"] == pytest.approx(0.75)
     assert "Native llama.cpp" in (out / "report.md").read_text()
+
+
+def test_ar_against_llama_bench_pairs_each_repeat_with_the_runs_beside_it():
+    """The machine's speed drifts: repeat r is compared with llama-bench's runs just before and
+    just after it, and the ratio is the median over repeats; runs that do not bracket every
+    repeat give none."""
+    from mtad_edge.bench.native import against_tg, pooled
+
+    assert against_tg([90.0, 60.0, 80.0], [100.0, 100.0, 50.0, 100.0]) == pytest.approx(0.9)  # 0.9, 0.8, 1.07
+    assert against_tg([90.0], [100.0]) is None and against_tg([], []) is None
+    runs = [{"tokens_per_s": t, "tokens_per_s_depth_0": t + 1, "depth": 23} for t in (100.0, 50.0)]
+    assert pooled(runs) == {
+        **runs[-1],
+        "tokens_per_s": 75.0,
+        "tokens_per_s_depth_0": 76.0,
+        "tokens_per_s_runs": [100.0, 50.0],
+    }
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any, Optional
@@ -70,10 +71,20 @@ def llama_bench(
     }
 
 
-def mean_of(before: dict, after: dict) -> dict:
-    """One llama-bench figure from runs before and after ours: the mean, both kept."""
-    mean = {k: (before[k] + after[k]) / 2 for k in ("tokens_per_s", "tokens_per_s_depth_0")}
-    return {**after, **mean, "tokens_per_s_before_after": [before["tokens_per_s"], after["tokens_per_s"]]}
+def pooled(runs: list[dict]) -> dict:
+    """One llama-bench figure from its runs before our first repeat and after each: the mean, the
+    runs kept (the machine's speed drifts over minutes, so each repeat of ours has its own peers)."""
+    mean = {k: statistics.fmean(r[k] for r in runs) for k in ("tokens_per_s", "tokens_per_s_depth_0")}
+    return {**runs[-1], **mean, "tokens_per_s_runs": [r["tokens_per_s"] for r in runs]}
+
+
+def against_tg(speeds: list[float], tg_runs: list[float]) -> Optional[float]:
+    """Our tok/s as a share of llama-bench's tg: the median over our repeats of each repeat's speed
+    against the mean of the llama-bench runs on either side of it (``tg_runs``: one before the
+    first repeat, one after each). None where the runs do not bracket every repeat."""
+    if not speeds or len(tg_runs) != len(speeds) + 1:
+        return None
+    return statistics.median(s / ((a + b) / 2) for s, a, b in zip(speeds, tg_runs, tg_runs[1:]))
 
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from mtad_edge.bench.native import against_tg
+
 
 def _fmt(v, spec=".2f", none="–"):
     return none if v is None else format(v, spec)
@@ -88,15 +90,19 @@ def report_markdown(results: dict) -> str:
         ]
         for key, n in native.items():
             setting, speed, rate = key, _fmt(n["tokens_per_s"], ".1f"), _fmt(n.get("acceptance_rate"), ".1%")
-            if "depth" in n:  # tg after the prompts' median length, as our tok/s, before and after ours
-                ends = " / ".join(_fmt(x, ".1f") for x in n.get("tokens_per_s_before_after") or [])
+            if "depth" in n:  # tg after the prompts' median length, as our tok/s, before and after each repeat
+                runs = " / ".join(_fmt(x, ".1f") for x in n.get("tokens_per_s_runs") or [])
                 bare = _fmt(n.get("tokens_per_s_depth_0"), ".1f")
-                setting += f", after {n['depth']} cached tokens, before / after our runs {ends} (no cache: {bare})"
+                setting += f", after {n['depth']} cached tokens, before our repeats and after each: {runs}"
+                setting += f" (no cache: {bare})"
             lines.append(f"| {n['tool']} | {setting} | {speed} | {rate} |")
         tg, ar = native.get("llama-bench tg target"), (results.get("methods") or {}).get("ar")
-        if tg and ar and tg.get("tokens_per_s") and ar.get("tokens_per_s"):
-            ratio = ar["tokens_per_s"] / tg["tokens_per_s"]
-            lines += ["", f"ar runs {ratio:.3f}x llama-bench's tg (median against mean)."]
+        ratio = (
+            against_tg(ar.get("tokens_per_s_repeats") or [], tg.get("tokens_per_s_runs") or []) if tg and ar else None
+        )
+        if ratio is not None:
+            beside = "median over repeats, each against the llama-bench runs on either side of it"
+            lines += ["", f"ar runs {ratio:.3f}x llama-bench's tg ({beside})."]
     if results.get("sweep"):
         lines += [
             "",

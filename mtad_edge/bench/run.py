@@ -193,9 +193,11 @@ def run_bench(
     cfg: BenchConfig,
     progress: Callable[[int], None] = lambda n: None,
     judge: Optional[Judge] = None,
+    after_repeat: Callable[[int], None] = lambda rep: None,
 ) -> list[dict[str, Any]]:
     """Rows for repeats x prompts x variants. Within a repeat every variant gets the same seed.
-    ``judge``: every run's text is also scored by that model (bench/judge.py).
+    ``judge``: every run's text is also scored by that model (bench/judge.py). ``after_repeat``
+    is called with each repeat's index once it ended (the native column measures llama-bench there).
 
     The variants run in a fresh seeded order for each prompt and repeat: the engine keeps what it
     learned (costs, acceptance) and the machine warms up, so a fixed order would hand every variant
@@ -212,6 +214,7 @@ def run_bench(
                 done[k] = {"label": v.label, "prompt_id": item["id"], "repeat": rep, "ran": position, **row}
                 progress(1)
             rows.extend(done[k] for k in range(len(cfg.variants)))
+        after_repeat(rep)
     return rows
 
 
@@ -266,6 +269,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             "generated": gen,
             "target_calls": calls,
             "tokens_per_s": statistics.median(speeds),
+            "tokens_per_s_repeats": speeds,
             "tokens_per_s_min": min(speeds),
             "tokens_per_s_max": max(speeds),
             "block_efficiency": gen / calls if calls else None,

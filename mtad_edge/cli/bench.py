@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import platform
 import statistics
@@ -211,14 +212,15 @@ def bench(
             )
             if judging.same_file(Path(str(judge_pair.target)), paths.target):
                 _say(f"bench: the judge {judge_ref} is the target itself: its PPL is not independent")
-        # llama-bench's tg runs before and after ours (the machine's speed drifts over minutes), after
-        # as many cached tokens as our runs' median prompt
-        tg_before = None
+        # llama-bench's tg runs before our first repeat and after each (the machine's speed drifts
+        # over minutes), after as many cached tokens as our runs' median prompt
+        tg_runs: list[dict[str, Any]] = []
         if llama_cpp_bin:
             if paths.aux is None:
                 raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
             depth = int(statistics.median(len(engine.tokenize(t)) for t in rendered)) if rendered else 0
-            tg_before = native.llama_bench(
+            tg = functools.partial(
+                native.llama_bench,
                 Path(llama_cpp_bin),
                 Path(str(paths.target)),
                 base.max_tokens,
@@ -227,8 +229,9 @@ def bench(
                 engine.flash_attn,
                 engine.amx,
             )
+            tg_runs.append(tg())
         bar = stack.enter_context(click.progressbar(length=total, label="bench", file=sys.stderr))
-        rows = run_bench(engine, prompts, cfg, bar.update, judge)
+        rows = run_bench(engine, prompts, cfg, bar.update, judge, lambda rep: tg_runs.append(tg()) if tg_runs else None)
         sweep_rows = []
         for p in points:
             one = BenchConfig.of_methods(("mtad",), repeats=1, decode=replace(base, **p))
@@ -282,7 +285,7 @@ def bench(
         "paired": paired(rows) or None,
         "frontier": frontier(agg) or None,
         "resolution": resolution(agg) or None,
-        "native": _native(llama_cpp_bin, paths, rendered, base, threads, tg_before) if tg_before else None,
+        "native": _native(llama_cpp_bin, paths, rendered, base, threads, tg_runs) if tg_runs else None,
         "sweep": sweep_rows or None,
         "learned_costs": _learned_costs(learned),
         "runs": rows,
@@ -329,14 +332,11 @@ def _variant_json(v: Variant) -> dict[str, Any]:
     return {"label": v.label, "method": v.method, "options": dict(v.options)}
 
 
-def _native(bin_dir, paths, rendered, base, threads, tg_before: dict) -> dict:
-    """llama-bench (AR, target alone: the mean of ``tg_before`` our runs and another after them)
-    and llama-speculative-simple (greedy, same gamma) per prompt."""
-    fa = tg_before["flash_attn"]
-    after = native.llama_bench(
-        Path(bin_dir), Path(paths.target), base.max_tokens, threads, tg_before["depth"], fa, tg_before["amx"]
-    )
-    tg = native.mean_of(tg_before, after)
+def _native(bin_dir, paths, rendered, base, threads, tg_runs: list[dict]) -> dict:
+    """llama-bench (AR, target alone: ``tg_runs``, before our repeats and after each) and
+    llama-speculative-simple (greedy, same gamma) per prompt."""
+    fa = tg_runs[0]["flash_attn"]
+    tg = native.pooled(tg_runs)
     res = {"llama-bench tg target": tg}
     runs = [
         native.speculative_simple(
