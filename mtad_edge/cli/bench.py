@@ -10,6 +10,7 @@ import json
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -215,6 +216,7 @@ def bench(
         # llama-bench's tg runs before our first repeat and after each (the machine's speed drifts
         # over minutes), after as many cached tokens as our runs' median prompt
         tg_runs: list[dict[str, Any]] = []
+        after_repeat: Callable[[int], None] = lambda rep: None
         if llama_cpp_bin:
             if paths.aux is None:
                 raise MtadEdgeError("--llama-cpp-bin needs a pair with an aux model")
@@ -230,8 +232,9 @@ def bench(
                 engine.amx,
             )
             tg_runs.append(tg())
+            after_repeat = lambda rep: tg_runs.append(tg())
         bar = stack.enter_context(click.progressbar(length=total, label="bench", file=sys.stderr))
-        rows = run_bench(engine, prompts, cfg, bar.update, judge, lambda rep: tg_runs.append(tg()) if tg_runs else None)
+        rows = run_bench(engine, prompts, cfg, bar.update, judge, after_repeat)
         sweep_rows = []
         for p in points:
             one = BenchConfig.of_methods(("mtad",), repeats=1, decode=replace(base, **p))
