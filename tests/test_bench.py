@@ -3,6 +3,7 @@
 import json
 import math
 import stat
+import statistics
 
 import numpy as np
 import pytest
@@ -428,10 +429,11 @@ def test_report_and_quality_plot_from_aggregates(tmp_path):
         return {"method": method, "temperature": t, "ppl": ppl, "peak_rss_mb": 300, **speed, **rates, **figures,
                 **se, "accept_length_hist": {}, **extra}  # fmt: skip
 
+    forecast = {"predicted_tokens_per_s": 60.0, "predicted_over_realised": 1.18}
     methods = {
         "ar": agg("ar", 1.0, 3.0, 0.85, 0.05),
         "ar T=0.6": agg("ar", 0.6, 2.0, 0.75, 0.13),
-        "mtad": agg("mtad", 1.0, 2.2, 0.70, 0.16, gamma_hist={"2": 3, "4": 5}, predicted_tokens_per_s=60.0),
+        "mtad": agg("mtad", 1.0, 2.2, 0.70, 0.16, gamma_hist={"2": 3, "4": 5}, **forecast),
         "sd": agg("sd", 1.0, 3.0, 0.85, 0.05, gamma_hist={"4": 8}, predicted_tokens_per_s=None),
         "beam T=0": agg("beam", 0.0, 1.5, 0.5, 0.3),
     }
@@ -441,8 +443,8 @@ def test_report_and_quality_plot_from_aggregates(tmp_path):
     md = report_markdown(results)
     assert "| mtad | 1 | 2.20 ± 0.05 | 0.500 | 0.700 ± 0.010 | 0.900 | 0.160 ± 0.010 | 90.0 |" in md
     assert "| mtad | 2.20 | 0.68 | 0.700 (0.770, -0.070*) | 0.160 (0.114, +0.046*) | behind |" in md
-    assert "| beam T=0 | 1.50 | < 0.6 (lowest PPL) |" in md and "| mtad | 2: 3, 4: 5 | – | 60.0 | 50.0 |" in md
-    assert "| sd | 4: 8 | – | – | 50.0 |" in md  # a fixed gamma beside the adaptive one
+    assert "| beam T=0 | 1.50 | < 0.6 (lowest PPL) |" in md and "| mtad | 2: 3, 4: 5 | – | 60.0 | 50.0 | 1.18 |" in md
+    assert "| sd | 4: 8 | – | – | 50.0 | – |" in md  # a fixed gamma beside the adaptive one
     png = plot_quality(tmp_path, results)
     assert png is not None and png.read_bytes().startswith(PNG_MAGIC)
 
@@ -705,3 +707,31 @@ def test_bench_with_an_independent_judge(tmp_path, smol_files, gemma_files):
     front = res["frontier"]["judge"]
     assert [p["label"] for p in front["curve"]] == ["ar"] and set(front["variants"]) == {"mtad"}
     assert "| judge PPL |" in (out / "report.md").read_text()
+
+
+def test_the_controllers_forecast_is_pooled_and_compared_repeat_by_repeat():
+    """aggregate's predicted tok/s is each repeat's expected tokens over expected seconds (its runs
+    pooled, as the realised speed is), and predicted / realised the median of the per-repeat
+    ratios; a variant the controller did not plan (ar) has neither."""
+    from helpers import fake_engine
+    from mtad_edge.bench.run import BenchConfig, aggregate, run_bench
+    from mtad_edge.bench.variants import Variant
+
+    engine = fake_engine(max_tokens=8)
+    prompts = [{"id": "a", "prompt": "abc"}, {"id": "b", "prompt": "dd"}]
+    variants = (Variant("ar", "ar"), Variant("sd", "sd"), Variant("mtad", "mtad"))
+    rows = run_bench(engine, prompts, BenchConfig(variants=variants, repeats=3, decode=engine.defaults))
+    agg = aggregate(rows, {v.label: v for v in variants})
+    assert agg["ar"]["predicted_tokens_per_s"] is None and agg["ar"]["predicted_over_realised"] is None
+    for label in ("sd", "mtad"):
+        pooled, ratio = [], []
+        for rep in range(3):
+            mine = [r for r in rows if r["label"] == label and r["repeat"] == rep]
+            assert all(r["predicted_s"] > 0 for r in mine)
+            forecast = sum(r["predicted_tokens"] for r in mine) / sum(r["predicted_s"] for r in mine)
+            realised = sum(r["generated"] for r in mine) / sum(r["decode_s"] for r in mine)
+            pooled.append(forecast)
+            ratio.append(forecast / realised)
+        assert agg[label]["predicted_tokens_per_s"] == pytest.approx(statistics.median(pooled))
+        assert agg[label]["predicted_over_realised"] == pytest.approx(statistics.median(ratio))
+        assert agg[label]["tokens_per_s_repeats"] == pytest.approx([f / r for f, r in zip(pooled, ratio)])

@@ -275,8 +275,9 @@ def _controller_table(methods: dict) -> list[str]:
         "",
         "Drafting choices (target calls per gamma / width; MMTAD: how many verified the best beam alone):",
         "",
-        "| variant | gamma histogram | width histogram | predicted tok/s | realised tok/s | controller time |",
-        "|---|---|---|---|---|---|",
+        "| variant | gamma histogram | width histogram | predicted tok/s | realised tok/s | predicted / realised "
+        "| controller time |",
+        "|---|---|---|---|---|---|---|",
     ]
 
     def alone(a: dict) -> str:
@@ -287,6 +288,7 @@ def _controller_table(methods: dict) -> list[str]:
         lines.append(
             f"| {m} | {hist(a.get('gamma_hist'))} | {hist(a.get('width_hist'))}{alone(a)} "
             f"| {_fmt(a.get('predicted_tokens_per_s'), '.1f')} | {_fmt(a['tokens_per_s'], '.1f')} "
+            f"| {_fmt(a.get('predicted_over_realised'), '.2f')} "
             f"| {_fmt(_share(a.get('controller_s'), a.get('decode_s')), '.2%')} of decoding |"
         )
     return lines

@@ -178,6 +178,8 @@ CONTROLLER_KEYS = (
     "gamma_hist",
     "width_hist",
     "predicted_tokens_per_s",
+    "predicted_tokens",
+    "predicted_s",
     "controller_s",
     "gamma_min",
     "lookup_drafted",
@@ -229,6 +231,15 @@ def _total(rows, key):
     return sum(r[key] for r in rows)
 
 
+def _forecast(rows: list[dict]) -> Optional[float]:
+    """The controller's expected tok/s over ``rows`` (its expected tokens over its expected seconds,
+    summed over the runs it planned); None where no run had an adaptive plan."""
+    planned = [r for r in rows if r.get("predicted_s")]
+    if not planned:
+        return None
+    return _total(planned, "predicted_tokens") / _total(planned, "predicted_s")
+
+
 def _hist(rows: list[dict], key: str) -> Optional[dict[str, int]]:
     """Sum of the runs' histograms (keys as strings, sorted by value); None when no run has one."""
     found = [r[key] for r in rows if r.get(key) is not None]
@@ -247,18 +258,17 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
     out = {}
     for label in dict.fromkeys(r.get("label", r["method"]) for r in rows):
         mine = [r for r in rows if r.get("label", r["method"]) == label]
-        reps = sorted({r["repeat"] for r in mine})
-        speeds = [
-            _total(rr, "generated") / max(_total(rr, "decode_s"), 1e-12)
-            for rr in ([r for r in mine if r["repeat"] == k] for k in reps)
-        ]
+        by_repeat = [[r for r in mine if r["repeat"] == k] for k in sorted({r["repeat"] for r in mine})]
+        speeds = [_total(rr, "generated") / max(_total(rr, "decode_s"), 1e-12) for rr in by_repeat]
+        # The controller's forecast pooled per repeat as the realised speed is, and the two compared
+        # repeat by repeat: a median of forecasts against a median of repeats reads noise as a miss.
+        forecasts = [(f, speed) for rr, speed in zip(by_repeat, speeds) if (f := _forecast(rr)) is not None]
         gen, calls, drafted = _total(mine, "generated"), _total(mine, "target_calls"), _total(mine, "drafted")
         energies = [r["energy_j"] for r in mine]
         hist: dict[str, int] = {}
         for r in mine:
             for k in r["accept_lengths"]:
                 hist[str(k)] = hist.get(str(k), 0) + 1
-        predicted = [r["predicted_tokens_per_s"] for r in mine if r.get("predicted_tokens_per_s") is not None]
         mapped = [(r["vocab_mapped_share"], r["generated"]) for r in mine if r.get("vocab_mapped_share") is not None]
         v = (variants or {}).get(label)
         out[label] = {
@@ -289,7 +299,8 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             "gamma_hist": _hist(mine, "gamma_hist"),
             "width_hist": _hist(mine, "width_hist"),
             "alone_steps": sum(r.get("alone_steps", 0) for r in mine),
-            "predicted_tokens_per_s": statistics.median(predicted) if predicted else None,
+            "predicted_tokens_per_s": statistics.median(f for f, _ in forecasts) if forecasts else None,
+            "predicted_over_realised": statistics.median(f / speed for f, speed in forecasts) if forecasts else None,
             "controller_s": sum(r.get("controller_s", 0.0) for r in mine),
             "decode_s": _total(mine, "decode_s"),
             # Across vocabularies: the share of generated tokens the aux could draft (weighted by
