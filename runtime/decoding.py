@@ -313,16 +313,17 @@ class Generation:
         plans a draft expected to be faster (with a fixed gamma: wherever it found one); the aux's
         plan otherwise, with the lookup controller it passed over (a plain step teaches it too)."""
         ctrl = self.controller
+        cap = self._draft_cap()  # 0 with one token left: the controllers plan a plain step
         found: Optional[Lookup] = None
         lookup: Optional[FixedController | Controller] = None
         if self.lookup is not None:  # a step with no match is planned by the weakest class's controller
-            found = self.lookup.lookup(self.tokens, self.max_gamma)
+            found = self.lookup.lookup(self.tokens, cap)
             lookup = self.lookup_controllers[match_class(found.matched) if found is not None else 0]
         free = lookup.plan(len(found.tokens) if found is not None else 0) if lookup is not None else None
         if free is not None and (ctrl is None or (free.gamma and not isinstance(ctrl, Controller))):
             return free, lookup, found.tokens if found is not None and free.gamma else None, None
         assert ctrl is not None
-        plan = ctrl.plan(self.max_gamma, len(self.tokens) - self._synced)
+        plan = ctrl.plan(cap, len(self.tokens) - self._synced)
         if self.drafter is not None and self.drafter.lagging:  # the aux waits for a whole character
             plan = Plan(0, plan.width)
         # Lookup chose to draft over a plain step by its own measure; an aux draft it must outpace.
@@ -330,6 +331,14 @@ class Generation:
             assert found is not None
             return free, lookup, found.tokens, None
         return plan, ctrl, None, lookup if isinstance(lookup, Controller) else None
+
+    def _draft_cap(self) -> int:
+        """The longest draft worth making now: a step commits at most its draft and one token more,
+        so a drafting method drafts at most one token fewer than max_tokens leaves (as llama.cpp's
+        server caps its drafts); beam's windows are its search, not drafts, and keep their length."""
+        if not self.method.needs_aux:
+            return self.max_gamma
+        return max(0, min(self.max_gamma, self.cfg.max_tokens - self.stats.generated - 1))
 
     def _draft(self, plan: Plan) -> Draft:
         assert self.drafter is not None

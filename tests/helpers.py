@@ -198,6 +198,11 @@ def fake_engine(target=None, aux=_FAKE_AUX, **defaults):
     return Engine(LoadedPair(target, aux, Pair(None, None)), DecodeConfig(**defaults))
 
 
+# max_tokens of the two-token chi-square runs: a draft stops one token short of max_tokens, so a
+# run of 4 lets the first draft hold 3 tokens whole (the block rule judged on a real block).
+TWO_TOKEN_RUN = 4
+
+
 def exact_two_token_joint(target, prompt, cfg) -> np.ndarray:
     """The exact distribution of the first two tokens a target alone samples after ``prompt``
     (flattened V x V), for chi-square tests of losslessness."""
@@ -327,6 +332,18 @@ def record_trees(monkeypatch):
 
     monkeypatch.setattr(mmtad.TokenTree, "from_beams", staticmethod(spy))
     return seen
+
+
+def record_drafts(gen, monkeypatch):
+    """Capture, for every step of ``gen``, the tokens generated before it and how many it drafted."""
+    steps, step = [], gen.method.step
+
+    def spy(view, gamma, width, draft):
+        steps.append((gen.stats.generated, 0 if draft is None else len(draft.tokens)))
+        return step(view, gamma, width, draft)
+
+    monkeypatch.setattr(gen.method, "step", spy)
+    return steps
 
 
 def assert_blocks_follow_trees(blocks, trees, accept_lengths):

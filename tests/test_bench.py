@@ -335,7 +335,10 @@ def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_file
             assert x["drafted"] == 0 and x["accept_lengths"] == []
     auto, fixed = res["methods"]["mtad g=auto"], res["methods"]["mtad g=2"]
     assert sum(auto["gamma_hist"].values()) == auto["target_calls"] and auto["predicted_tokens_per_s"] > 0
-    assert fixed["gamma_hist"] == {"2": fixed["target_calls"]} and fixed["predicted_tokens_per_s"] is None
+    # a fixed gamma of 2 drafts 2, but 1 and then none where max_tokens leaves 2 and 1 (at most once each a run)
+    short = {g: n for g, n in fixed["gamma_hist"].items() if g != "2"}
+    assert sum(fixed["gamma_hist"].values()) == fixed["target_calls"] and fixed["predicted_tokens_per_s"] is None
+    assert set(short) <= {"0", "1"} and all(n <= fixed["runs"] for n in short.values())
     assert res["methods"]["beam g=auto"]["width_hist"] is None or res["methods"]["beam g=auto"]["width_hist"] == {}
     front = res["frontier"]
     assert [p["label"] for p in front["curve"]] == sorted(["ar", "ar T=0.5"], key=lambda k: res["methods"][k]["ppl"])

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from helpers import generate_tokens, scripted_pair
+from helpers import generate_tokens, record_drafts, scripted_pair
 from mtad_edge.runtime import controller
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.controller import Acceptance, Controller, Costs, Delivered, FixedController, Model, Plan
@@ -290,18 +290,21 @@ def test_a_seeded_run_learns_only_when_asked():
         assert bool(model.target.table) == learn and bool(model.aux.table) == learn
 
 
-def test_mtad_auto_drafts_its_shortest_draft_whole():
+def test_mtad_auto_drafts_its_shortest_draft_whole(monkeypatch):
     """MTAD's floor is four tokens when sampling: keep_going does not cut a draft below it,
-    however unconfident, and the loop drafts no shorter (but for the last step, cut at max_tokens)."""
+    however unconfident, and the loop drafts no shorter, but where max_tokens leaves fewer than
+    five tokens (a draft stops one short of it: then it drafts what is left but one)."""
     ctrl = Controller(Model(), "mtad", range(4, 7), (4,), tree=False)
     ctrl.plan(6)
     assert ctrl.keep_going(1, -50.0) and ctrl.keep_going(2, -50.0) and ctrl.keep_going(3, -50.0)
     clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
-    gen = Generation(target, aux, [1, 2, 3], auto(method="mtad"), clock=clock)
+    cfg = auto(method="mtad")
+    gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
+    steps = record_drafts(gen, monkeypatch)
     [t for b in gen for t in b]
-    hist = gen.stats.gamma_hist
-    short = sum(n for g, n in hist.items() if g < 4)
-    assert short <= 1 and sum(n for g, n in hist.items() if g >= 4) > 10, hist
+    left = [cfg.max_tokens - made for made, _ in steps]
+    assert all(drafted >= 4 or drafted == n - 1 < 4 for n, (_, drafted) in zip(left, steps)), steps
+    assert sum(drafted >= 4 for _, drafted in steps) > 10
 
 
 def test_a_disturbed_step_does_not_make_drafting_look_cheap():
@@ -343,22 +346,28 @@ def test_greedy_mtad_auto_drops_its_floor():
 
 
 @pytest.mark.parametrize("method", ["mtad", "mmtad"])
-def test_gamma_min_moves_mtads_floor_either_way(method):
+def test_gamma_min_moves_mtads_floor_either_way(method, monkeypatch):
     """gamma_min replaces the method's floor: 0 lets mtad auto step plainly where drafting is
-    useless and costly (as greedy does), 6 keeps every draft but the max_tokens-cut last at 6 or
-    more; Stats.gamma_min reports the floor in force (4 by default when sampling)."""
-    for gamma_min, ok in ((None, lambda g: g >= 4), (0, lambda g: True), (6, lambda g: g >= 6)):
+    useless and costly (as greedy does), 6 keeps every draft at 6 or more but where max_tokens
+    leaves fewer (a draft stops one short of it); Stats.gamma_min reports the floor in force (4 by
+    default when sampling)."""
+    for gamma_min, floor in ((None, 4), (0, 0), (6, 6)):
         clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.010)
-        gen = Generation(target, aux, [1, 2, 3], auto(method=method, gamma_min=gamma_min), clock=clock)
+        cfg = auto(method=method, gamma_min=gamma_min)
+        gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
+        steps = record_drafts(gen, monkeypatch)
         [t for b in gen for t in b]
         hist = gen.stats.gamma_hist
-        assert gen.stats.gamma_min == (4 if gamma_min is None else gamma_min)
-        assert sum(n for g, n in hist.items() if not ok(g)) <= 1, (gamma_min, hist)
+        assert gen.stats.gamma_min == floor
+        left = [cfg.max_tokens - made for made, _ in steps]
+        assert all(g >= floor or g == n - 1 < floor for n, (_, g) in zip(left, steps)), (gamma_min, steps)
         if gamma_min == 0:
             assert hist.get(0, 0) / sum(hist.values()) > 0.6, hist
     fixed = Generation(target, aux, [1, 2, 3], DecodeConfig(method, 20, gamma=3, gamma_min=1))
+    steps = record_drafts(fixed, monkeypatch)
     [t for b in fixed for t in b]
-    assert fixed.stats.gamma_min is None and set(fixed.stats.gamma_hist) <= {3}  # a fixed gamma ignores it
+    assert fixed.stats.gamma_min is None  # a fixed gamma ignores it
+    assert all(g == min(3, 20 - made - 1) for made, g in steps), steps
 
 
 def test_gamma_min_above_gamma_max_is_a_one_line_error():

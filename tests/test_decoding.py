@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 
 from helpers import (
+    TWO_TOKEN_RUN,
     FakeLM,
     assert_blocks_follow_trees,
     chi2_critical,
     chi2_stat,
     exact_two_token_joint,
     generate_tokens,
+    record_drafts,
     record_trees,
 )
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
@@ -54,7 +56,7 @@ def test_sd_output_follows_the_target_joint_distribution(sampling):
     target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
     counts = np.zeros(target.n_vocab**2)
     for seed in range(3000):
-        out, _ = run(target, aux, "sd", max_tokens=2, gamma=3, sampling=sampling, seed=seed)
+        out, _ = run(target, aux, "sd", max_tokens=TWO_TOKEN_RUN, gamma=3, sampling=sampling, seed=seed)
         counts[out[0] * target.n_vocab + out[1]] += 1
     stat, df = chi2_stat(counts, exact_two_token_joint(target, PROMPT, sampling))
     assert stat < chi2_critical(df)
@@ -153,9 +155,29 @@ def test_stats_are_consistent_with_tokens(fake_pair, method):
     assert st.accepted <= st.drafted and sum(st.accept_lengths) == st.accepted
     assert st.block_efficiency == pytest.approx(len(out) / st.target_calls)
     if method != "ar":
-        assert st.drafted == 4 * st.target_calls
+        assert st.drafted <= 4 * st.target_calls  # whole drafts but near the end (the next test)
         assert len(out) <= st.accepted + st.target_calls  # k accepted + 1 bonus per call
     assert st.wall_s >= st.prefill_s + st.draft_s + st.verify_s - 1e-9
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [("sd", {}), ("mtad", {}), ("mmtad", {}), ("sd", {"drafter": "ngram"}), ("mtad", {"gamma": "auto"})],
+)
+def test_a_draft_stops_one_token_short_of_max_tokens(fake_pair, monkeypatch, method, options):
+    """A step commits at most its draft and one token more, so a draft never holds more than one
+    token fewer than max_tokens leaves: a fixed gamma drafts min(gamma, left - 1) tokens, and the
+    last token is a plain step's."""
+    target, aux = fake_pair
+    cfg = DecodeConfig(method=method, max_tokens=11, seed=1, **{"gamma": 4, **options})
+    gen = Generation(target, aux, [1, 2, 1, 2, 1], cfg)
+    steps = record_drafts(gen, monkeypatch)
+    out = [t for block in gen for t in block]
+    assert len(out) == 11 and all(drafted <= 11 - made - 1 for made, drafted in steps)
+    if cfg.gamma == 4 and cfg.drafter != "ngram":  # the aux drafts whole drafts, cut only by the cap
+        assert all(drafted == min(4, 11 - made - 1) for made, drafted in steps)
+    if steps[-1][0] == 10:  # a step for the last token alone
+        assert steps[-1][1] == 0
 
 
 def test_end_of_generation_token_stops_and_is_not_emitted():
@@ -214,11 +236,13 @@ def test_mtad_bonus_token_comes_from_target_at_position_k_plus_1(monkeypatch, fo
     target, aux = FakeLM(salt=1, sharpness=0.5), FakeLM(salt=2, n_seq_max=9, sharpness=0.5)
     counts = np.zeros(target.n_vocab)
     for seed in range(1500 if forced_k == 0 else 200):
-        out, st = run(target, aux, "mtad", max_tokens=forced_k + 1, gamma=4, sampling=cfg, seed=seed)
-        assert st.accept_lengths == [forced_k] and len(out) == forced_k + 1
+        # room for a draft of forced_k + 1 (up to gamma), then one plain step for the last token
+        out, st = run(target, aux, "mtad", max_tokens=forced_k + 2, gamma=4, sampling=cfg, seed=seed)
+        assert st.accept_lengths == [forced_k] and len(out) == forced_k + 2
+        bonus = out[forced_k]
         p = np.exp(filtered_logprobs(target.logits_for(PROMPT + out[:forced_k]), cfg))
-        assert p[out[-1]] > 0
-        counts[out[-1]] += 1
+        assert p[bonus] > 0
+        counts[bonus] += 1
     if forced_k == 0:
         stat, df = chi2_stat(counts, np.exp(filtered_logprobs(target.logits_for(PROMPT), cfg)))
         assert stat < chi2_critical(df)
@@ -232,7 +256,11 @@ def test_mmtad_commits_a_path_of_the_drafted_tree(fake_pair, monkeypatch, sampli
     trees = record_trees(monkeypatch)
     gen = Generation(target, aux, PROMPT, DecodeConfig("mmtad", 200, gamma=4, tree=tree, sampling=sampling, seed=4))
     blocks = list(gen)
-    assert_blocks_follow_trees(blocks[:-1], trees[:-1], gen.stats.accept_lengths[:-1])
+    # Every drafting step's block is whole (a draft stops short of max_tokens); the last token may
+    # be a plain step's, after the last tree.
+    drafted = len(gen.stats.accept_lengths)
+    assert len(trees) == drafted and len(blocks) in (drafted, drafted + 1)
+    assert_blocks_follow_trees(blocks[:drafted], trees, gen.stats.accept_lengths)
     assert all(not target.seqs.get(s) for s in range(1, target.n_seq_max))  # only sequence 0 keeps cells
     if tree == "full" and sampling.temperature:
         assert any((t < 0).any() for t in trees)  # beams that died early were verified too

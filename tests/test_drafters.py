@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from helpers import (
+    TWO_TOKEN_RUN,
     FakeClock,
     FakeLM,
     chi2_critical,
@@ -38,7 +39,7 @@ def test_sd_with_lookup_drafts_keeps_the_target_distribution(drafter, verify):
     target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
     counts, looked_up = np.zeros(target.n_vocab**2), 0
     for seed in range(3000):
-        cfg = DecodeConfig("sd", 2, gamma=3, drafter=drafter, verify=verify, sampling=sampling, seed=seed)
+        cfg = DecodeConfig("sd", TWO_TOKEN_RUN, gamma=3, drafter=drafter, verify=verify, sampling=sampling, seed=seed)
         out, st = generate_tokens(target, aux, REPEATS, cfg)
         counts[out[0] * target.n_vocab + out[1]] += 1
         looked_up += st.lookup_drafted
@@ -69,9 +70,8 @@ def test_sd_with_aux_drafts_keeps_the_target_distribution_either_rule(verify):
     target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
     counts = np.zeros(target.n_vocab**2)
     for seed in range(3000):
-        out, _ = generate_tokens(
-            target, aux, [1, 2, 3], DecodeConfig("sd", 2, gamma=3, verify=verify, sampling=sampling, seed=seed)
-        )
+        cfg = DecodeConfig("sd", TWO_TOKEN_RUN, gamma=3, verify=verify, sampling=sampling, seed=seed)
+        out, _ = generate_tokens(target, aux, [1, 2, 3], cfg)
         counts[out[0] * target.n_vocab + out[1]] += 1
     stat, df = chi2_stat(counts, exact_two_token_joint(target, [1, 2, 3], sampling))
     assert stat < chi2_critical(df)
@@ -120,7 +120,7 @@ def test_sd_with_the_default_drafter_keeps_the_target_distribution():
     target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
     counts, looked_up, aux_drafted = np.zeros(target.n_vocab**2), 0, 0
     for seed in range(3000):
-        cfg = DecodeConfig("sd", 2, sampling=sampling, seed=seed)
+        cfg = DecodeConfig("sd", TWO_TOKEN_RUN, sampling=sampling, seed=seed)
         out, st = generate_tokens(target, aux, REPEATS, cfg, model=model, learn=True)
         counts[out[0] * target.n_vocab + out[1]] += 1
         looked_up, aux_drafted = looked_up + st.lookup_drafted, aux_drafted + st.drafted - st.lookup_drafted

@@ -4,7 +4,7 @@ MTAD's higher bar for blocks that repeat (repeat_penalty)."""
 import numpy as np
 import pytest
 
-from helpers import FakeLM, chi2_critical, chi2_stat, exact_two_token_joint, generate_tokens
+from helpers import TWO_TOKEN_RUN, FakeLM, chi2_critical, chi2_stat, exact_two_token_joint, generate_tokens
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.repeats import Seen, ban
 from mtad_edge.runtime.tree import mmtad_accept
@@ -76,7 +76,7 @@ def test_sd_stays_lossless_when_its_drafts_skip_repeats(verify):
     prompt = [1, 2, 1, 2]  # "1 2" is followed by 1: the drafter may never propose 1 after it
     counts = np.zeros(target.n_vocab**2)
     for seed in range(3000):
-        cfg = DecodeConfig("sd", 2, gamma=3, no_repeat=2, verify=verify, sampling=sampling, seed=seed)
+        cfg = DecodeConfig("sd", TWO_TOKEN_RUN, gamma=3, no_repeat=2, verify=verify, sampling=sampling, seed=seed)
         out, _ = generate_tokens(target, aux, prompt, cfg)
         counts[out[0] * target.n_vocab + out[1]] += 1
     stat, df = chi2_stat(counts, exact_two_token_joint(target, prompt, sampling))

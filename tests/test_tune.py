@@ -147,7 +147,8 @@ def test_tune_measures_saves_and_auto_starts_from_the_floor(smol_files, tmp_path
             resp.text()
             hist = resp.stats.gamma_hist
             assert resp.stats.gamma_min == floor and sum(hist.values()) == resp.stats.target_calls
-            assert sum(n for g, n in hist.items() if g < floor) <= 1, hist  # the last step may be cut
+            # shorter only in the last steps, where max_tokens leaves fewer than floor + 1 (each commits one or more)
+            assert sum(n for g, n in hist.items() if g < floor) <= floor, hist
         own = engine.generate("Once upon a time", method="mtad", max_tokens=8, temperature=1.0, gamma_min=5)
         own.text()
         assert own.stats.gamma_min == 5

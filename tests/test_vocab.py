@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from helpers import FakeLM, chi2_critical, chi2_stat, exact_two_token_joint
+from helpers import TWO_TOKEN_RUN, FakeLM, chi2_critical, chi2_stat, exact_two_token_joint
 from mtad_edge.loader import pair_vocabulary
 from mtad_edge.runtime.backend import VocabInfo
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
@@ -81,7 +81,7 @@ def test_sd_across_vocabularies_is_lossless(sampling, verify):
     target, aux, vm = cross_pair()
     counts = np.zeros(target.n_vocab**2)
     for seed in range(3000):
-        cfg = DecodeConfig("sd", 2, gamma=3, verify=verify, sampling=sampling, seed=seed)
+        cfg = DecodeConfig("sd", TWO_TOKEN_RUN, gamma=3, verify=verify, sampling=sampling, seed=seed)
         gen = Generation(target, aux, PROMPT, cfg, vocab=vm)
         out = [t for b in gen for t in b]
         counts[out[0] * target.n_vocab + out[1]] += 1
