@@ -290,6 +290,12 @@ def test_a_seeded_run_learns_only_when_asked():
         assert bool(model.target.table) == learn and bool(model.aux.table) == learn
 
 
+def floor_kept_but_at_the_end(steps: list[tuple[int, int]], max_tokens: int, floor: int) -> bool:
+    """Each (generated before, drafted) step drafted at least ``floor``, or, where max_tokens left
+    too little for that, all that was left but one."""
+    return all(drafted >= floor or drafted == max_tokens - made - 1 < floor for made, drafted in steps)
+
+
 def test_mtad_auto_drafts_its_shortest_draft_whole(monkeypatch):
     """MTAD's floor is four tokens when sampling: keep_going does not cut a draft below it,
     however unconfident, and the loop drafts no shorter, but where max_tokens leaves fewer than
@@ -302,8 +308,7 @@ def test_mtad_auto_drafts_its_shortest_draft_whole(monkeypatch):
     gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
     steps = record_drafts(gen, monkeypatch)
     [t for b in gen for t in b]
-    left = [cfg.max_tokens - made for made, _ in steps]
-    assert all(drafted >= 4 or drafted == n - 1 < 4 for n, (_, drafted) in zip(left, steps)), steps
+    assert floor_kept_but_at_the_end(steps, cfg.max_tokens, 4), steps
     assert sum(drafted >= 4 for _, drafted in steps) > 10
 
 
@@ -359,8 +364,7 @@ def test_gamma_min_moves_mtads_floor_either_way(method, monkeypatch):
         [t for b in gen for t in b]
         hist = gen.stats.gamma_hist
         assert gen.stats.gamma_min == floor
-        left = [cfg.max_tokens - made for made, _ in steps]
-        assert all(g >= floor or g == n - 1 < floor for n, (_, g) in zip(left, steps)), (gamma_min, steps)
+        assert floor_kept_but_at_the_end(steps, cfg.max_tokens, floor), (gamma_min, steps)
         if gamma_min == 0:
             assert hist.get(0, 0) / sum(hist.values()) > 0.6, hist
     fixed = Generation(target, aux, [1, 2, 3], DecodeConfig(method, 20, gamma=3, gamma_min=1))
