@@ -3,7 +3,7 @@
 A few timed calls on throwaway positions: the target on 1, 2, 3, a middle and gamma_max+1 rows
 (and a tree's size when MMTAD may run), the aux on 1..w rows as beams, once each after a warm-up
 (under 0.5 s on the default pair). The result is cached per (model files, backend, threads, GPU
-layers, flash attention, library version) under the cache dir, so it runs once per machine and
+layers of each model, flash attention, library version) under the cache dir, so it runs once per machine and
 setup. Decoding keeps refining the tables from the calls it makes anyway.
 """
 
@@ -39,6 +39,8 @@ def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int],
     # the flash attention each context runs with (llama.cpp's): it moves what a call costs
     parts += [getattr(m, "flash_attn", None) for m in (models.target, models.aux)]
     parts += [getattr(m, "amx", 0) for m in (models.target, models.aux)]  # AMX's kernels, where they run
+    # the aux's own placement (aux_gpu_layers, resolved): its calls cost otherwise on the CPU than on a GPU
+    parts.append(getattr(getattr(models.aux, "config", None), "n_gpu_layers", None))
     parts += [*store.file_identity(models.pair.target, models.pair.aux), target_rows, aux_rows, _version()]
     return store.key(parts)
 

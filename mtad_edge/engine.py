@@ -209,9 +209,9 @@ class Engine:
     ) -> Engine:
         """Load a named pair / manifest, or ``target`` (+ ``aux``) model files: GGUF files run on
         llama.cpp, ONNX model folders on ONNX Runtime. Keyword arguments are ModelOptions
-        (n_ctx, threads, n_gpu_layers, flash_attn, backend, provider) or request defaults
-        (method, gamma, beam_width, temperature, ...); ``gamma`` and ``beam_width`` are also the
-        most a request may ask for."""
+        (n_ctx, threads, n_gpu_layers, aux_gpu_layers, flash_attn, backend, provider) or request
+        defaults (method, gamma, beam_width, temperature, ...); ``gamma`` and ``beam_width`` are
+        also the most a request may ask for."""
         options = ModelOptions(**{k: kwargs.pop(k) for k in _LOAD_FIELDS if k in kwargs})
         defaults = DecodeConfig().with_options(kwargs)
         return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names, say=say)

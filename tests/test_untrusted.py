@@ -165,6 +165,12 @@ GOOD = {
         ({"context_size": 1e20}, "context_size must be an integer"),
         ({"context_size": 10**20}, "context_size must be an integer in 1..2147483647"),
         ({"context_size": True}, "context_size must be an integer"),
+        ({"aux_gpu_layers": "0"}, "aux_gpu_layers must be an integer in -1..2147483647, got '0'"),
+        ({"aux_gpu_layers": -2}, "aux_gpu_layers must be an integer in -1..2147483647, got -2"),
+        ({"aux_gpu_layers": 0.5}, "aux_gpu_layers must be an integer"),
+        ({"aux_gpu_layers": False}, "aux_gpu_layers must be an integer"),
+        ({"aux_gpu_layers": 2**31}, "aux_gpu_layers must be an integer"),
+        ({"aux_gpu_layers": [0]}, "aux_gpu_layers must be an integer"),
         ({"name": 7}, "name must be"),
         ({"name": "../x"}, "name must be"),
         ({"target": {"file": 3}}, "target.file must be a non-empty string"),
@@ -200,13 +206,39 @@ def test_a_good_manifest_and_the_packaged_ones_pass_the_schema(tmp_path):
     from mtad_edge import pairs
 
     (tmp_path / "manifest.json").write_text(json.dumps(GOOD))
-    assert pairs.load_manifest(tmp_path).context_size == 512
+    assert pairs.load_manifest(tmp_path).context_size == 512 and pairs.load_manifest(tmp_path).aux_gpu_layers is None
+    for layers in (-1, 0, 12):
+        (tmp_path / "manifest.json").write_text(json.dumps({**GOOD, "aux_gpu_layers": layers}))
+        assert pairs.load_manifest(tmp_path).aux_gpu_layers == layers
     for name in pairs.builtin_names() + pairs.hub_pair_names():
         pairs.load_manifest(name)
     for junk in (b"\xff\xfe binary", b"[" * 100_000, b"{}" + b" " * (pairs.MANIFEST_MAX + 1)):
         (tmp_path / "manifest.json").write_bytes(junk)
         with pytest.raises(pairs.MtadEdgeError):
             pairs.load_manifest(tmp_path)
+
+
+def test_a_bad_aux_gpu_layers_is_one_line_from_the_command_and_the_api(tmp_path):
+    """The manifest's value is checked before any model loads; the option's as the API is called."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mtad_edge.cli import cli
+    from mtad_edge.engine import Engine
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    (tmp_path / "manifest.json").write_text(json.dumps({**GOOD, "aux_gpu_layers": "all"}))
+    r = CliRunner().invoke(cli, ["generate", "hi", "--manifest", str(tmp_path / "manifest.json")])
+    assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+    assert (
+        r.output.startswith("Error: ") and "aux_gpu_layers must be an integer in -1..2147483647, got 'all'" in r.output
+    )
+    for bad in ("0", -2, True, 2**40):
+        with pytest.raises(
+            MtadEdgeError, match=r"^aux_gpu_layers must be an integer in -1\.\.2147483647 \(-1: all\), got"
+        ):
+            Engine.load(pair=str(tmp_path), aux_gpu_layers=bad)
 
 
 # -- 9. a hub reference never names a file outside the hub cache --------------------------------

@@ -17,7 +17,7 @@ import click
 
 from mtad_edge.engine import Engine
 from mtad_edge.loader import BACKENDS, PROVIDERS, ModelOptions
-from mtad_edge.pairs import DEFAULT_PAIR, Pair, resolve
+from mtad_edge.pairs import DEFAULT_PAIR, GPU_LAYERS_MAX, Pair, resolve
 from mtad_edge.runtime.compat import MISMATCH_MODES
 from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS, DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError
@@ -124,6 +124,7 @@ _MODEL_FIELDS = (
     "n_ctx",
     "threads",
     "n_gpu_layers",
+    "aux_gpu_layers",
     "flash_attn",
     "backend",
     "provider",
@@ -177,9 +178,15 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all usable cores)."),
         click.option(
             "--n-gpu-layers",
-            type=click.IntRange(min=-1),
+            type=click.IntRange(min=-1, max=GPU_LAYERS_MAX),
             help="Layers to offload to the GPU; -1 all (default: all when llama.cpp was built with "
             "CUDA/Metal, else 0).",
+        ),
+        click.option(
+            "--aux-gpu-layers",
+            type=click.IntRange(min=-1, max=GPU_LAYERS_MAX),
+            help="The aux's own --n-gpu-layers (llama.cpp's -ngld); 0 keeps the draft model on the CPU "
+            "(default: the pair's aux_gpu_layers, else as the target).",
         ),
         click.option(
             "--flash-attn/--no-flash-attn",
