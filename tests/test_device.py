@@ -1,0 +1,95 @@
+"""The decoders' exactness on whatever device the llama.cpp build offloads to (the GPU of a CUDA
+build, else the CPU): random-weight models of SmolLM2's shape and vocabulary, every layer
+offloaded, target F16 and aux its own Q4_0 (mtad_edge/bench/shapes.py: peaked logits, so greedy
+decoding has no near-ties and any difference is a bug, not rounding). scripts/gpu-check.sh runs
+this file on a GPU machine; CI runs it on the CPU."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import assert_drafting_equals_greedy_ar, decode_beams
+from mtad_edge.loader import ModelOptions, open_pair
+from mtad_edge.pairs import Pair
+from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Explain beam search in one paragraph.", "Why is the sky blue?", "Write a haiku about rain."]
+ALL_LAYERS = -1
+VOCAB_ENV = "MTAD_EDGE_VOCAB_GGUF"  # a GGUF to take the vocabulary from where the packaged models are not
+
+
+@pytest.fixture(scope="module")
+def random_files(tmp_path_factory, request):
+    pytest.importorskip("gguf")
+    from mtad_edge.bench.shapes import write_model
+
+    vocab = Path(os.environ[VOCAB_ENV]) if VOCAB_ENV in os.environ else request.getfixturevalue("smol_files").target
+    folder = tmp_path_factory.mktemp("random-smollm2")
+    target = write_model("smollm2-135m", "f16", "normal", vocab, folder / "target-f16.gguf")
+    aux = write_model("smollm2-135m", "q4_0", "normal", vocab, folder / "aux-q4_0.gguf")
+    return Pair(target, aux)
+
+
+@pytest.fixture(scope="module")
+def offloaded(random_files):
+    with open_pair(random_files, ["mmtad"], 4, 4, ModelOptions(n_ctx=512, n_gpu_layers=ALL_LAYERS)) as models:
+        yield models
+
+
+def test_the_random_pair_is_offloaded_where_the_build_can(offloaded):
+    import llama_cpp
+
+    gpu = bool(llama_cpp.llama_supports_gpu_offload())
+    print("device:", "GPU" if gpu else "CPU")
+    for m in (offloaded.target, offloaded.aux):
+        assert m.config.n_gpu_layers == ALL_LAYERS
+
+
+@pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
+def test_greedy_drafting_equals_greedy_ar_offloaded(offloaded, method):
+    stats = assert_drafting_equals_greedy_ar(offloaded.target, offloaded.aux, method, PROMPTS, 48)
+    drafted = sum(st.drafted for st in stats)
+    accepted = sum(st.accepted for st in stats)
+    assert drafted > 0 and accepted > drafted // 2, (drafted, accepted)  # the aux is the target's quantization
+
+
+def _last_logits(model, *chunks):
+    """Last-row logits after decoding ``chunks``, one batch each, into an emptied sequence 0."""
+    model.rollback(0, 0)
+    pos = 0
+    for c in chunks:
+        out = model.decode(Batch.run(c, pos))
+        pos += len(c)
+    return np.array(out)[-1]
+
+
+def test_rollback_then_decode_equals_fresh_decode_offloaded(offloaded, random_files):
+    m = offloaded.target
+    ids = m.tokenize("Name a color.")
+    m.rollback(0, 0)
+    m.decode(Batch.run(ids, 0, logits="none"))
+    m.decode(Batch.run([100], len(ids)))
+    m.decode(Batch.run([200, 300, 400], len(ids) + 1))  # a draft, then rejected
+    m.rollback(0, len(ids) + 1)
+    got = np.array(m.decode(Batch.run([555], len(ids) + 1)))[-1]
+    with LlamaCppBackend(random_files.target, LlamaCppConfig(n_ctx=256, n_gpu_layers=ALL_LAYERS)) as fresh:
+        want = _last_logits(fresh, ids, [100], [555])  # the kept tokens in the same batch shapes
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_beams_as_batch_rows_equal_single_rows_offloaded(offloaded, random_files):
+    aux = offloaded.aux
+    ids = aux.tokenize("Say hi.")
+    got = decode_beams(aux, ids, [10, 20, 30])
+    with LlamaCppBackend(random_files.aux, LlamaCppConfig(n_ctx=256, n_gpu_layers=ALL_LAYERS)) as ref:
+        for row, tok in zip(got, [10, 20, 30]):
+            want = _last_logits(ref, ids[:-1], [ids[-1], tok])  # a call of more than one row, as the beams'
+            np.testing.assert_allclose(row, want, rtol=0, atol=5e-2)
+            assert row.argmax() == want.argmax()
+    for s in range(1, 4):
+        aux.rollback(s, 0)
