@@ -63,14 +63,31 @@ export PYTHONPATH=$site:$src/vendor/llama.cpp/gguf-py LLAMA_CPP_LIB_PATH=$build/
 vocab=$pack/vocab.gguf m=$work/models
 if [[ ! -f $m/done ]]; then
   (for spec in "$big q4_k_m" "$small q4_k_m" "$big q4_0" "$small q4_0"; do
-     set -- $spec; python3 -m mtad_edge.bench.shapes model "$1" "$2" "$m/$1-$2.gguf" --vocab "$vocab" --weights bytes
+     set -- $spec; python3 -P -m mtad_edge.bench.shapes model "$1" "$2" "$m/$1-$2.gguf" --vocab "$vocab" --weights bytes
    done && touch "$m/done") > "$out/models.log" 2>&1 &
 fi
+
+# cuBLAS where the toolkit lacks it (pip's nvidia wheels), and no VMM pool where no libcuda is found
+cuda_args=""
+toolkit=$(cd "$(dirname "$(readlink -f "$(command -v nvcc)")")/.." && pwd)
+have_cublas() { for d in "$toolkit" "${CUDA_HOME:-/usr/local/cuda}"; do compgen -G "$d/include/cublas_v2.h" || compgen -G "$d/targets/*/include/cublas_v2.h"; done; }
+if [[ -z $(have_cublas) ]]; then
+  hdr=$(python3 -c 'import glob, sys
+print(next(iter(h for r in sys.path for h in sorted(glob.glob(r + "/nvidia/*/include/cublas_v2.h"))), ""))')
+  [[ -n $hdr ]] || { echo "no cuBLAS headers in $toolkit or in python3's nvidia packages"; exit 1; }
+  inc=$(dirname "$hdr") lib=$(dirname "$(dirname "$hdr")")/lib
+  cuda_args="-DCMAKE_CUDA_FLAGS=-I$inc -DCUDA_cublas_LIBRARY=$(ls "$lib"/libcublas.so* | head -1)"
+  cuda_args+=" -DCUDA_cublasLt_LIBRARY=$(ls "$lib"/libcublasLt.so* | head -1)"
+  export LD_LIBRARY_PATH=$lib:${LD_LIBRARY_PATH:-}
+fi
+compgen -G "$toolkit/lib64/stubs/libcuda.so" >/dev/null || ldconfig -p | grep -q 'libcuda.so ' || cuda_args+=" -DGGML_CUDA_NO_VMM=ON"
+echo "toolkit $toolkit; extra cmake args: ${cuda_args:-none}" | tee -a "$out/device.txt"
+generator=$(command -v ninja >/dev/null && echo "-G Ninja" || echo "")
 
 # The build: under setsid, so that a run cut off by its time limit leaves it going for the next
 if [[ ! -f $build/done ]]; then
   if ! { [[ -f $work/build.pid ]] && kill -0 "$(cat "$work/build.pid")" 2>/dev/null; }; then
-    setsid bash -c "cmake -S '$src/vendor/llama.cpp' -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    setsid bash -c "cmake -S '$src/vendor/llama.cpp' -B '$build' $generator -DCMAKE_BUILD_TYPE=Release $cuda_args \
       -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES='$arch' -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF && cmake --build '$build' -j\$(nproc) --target llama llama-bench llama-speculative-simple \
       && touch '$build/done'" > "$work/build.log" 2>&1 < /dev/null &
@@ -86,13 +103,13 @@ wait || true
 [[ -f $m/done ]] || { cat "$out/models.log"; echo "models failed"; exit 1; }
 
 set +e
-(cd "$repo" && timeout 300 python3 -m pytest tests/test_device.py -q -s -p no:cacheprovider 2>&1) | grep -v "^llama\|^load\|^print_info" > "$out/tests.log"
+(cd "$repo" && timeout 150 python3 -P -m pytest tests/test_device.py -q -s -p no:cacheprovider 2>&1) | grep -v "^llama\|^load\|^print_info" > "$out/tests.log"
 tail -5 "$out/tests.log"
-costs() { timeout 240 python3 "$repo/scripts/gpu_costs.py" measure "$@" --reps "$reps" --llama-bench "$build/bin" 2>&1 \
+costs() { timeout 150 python3 "$repo/scripts/gpu_costs.py" measure "$@" --reps "$reps" --llama-bench "$build/bin" 2>&1 \
   | grep -v "^llama\|^load\|^print_info\|^ggml\|^\.\|^$" | tail -12; }
 costs "$m/$big-q4_k_m.gguf" --aux "$m/$small-q4_k_m.gguf" --aux-ngl -1 0 --threads "$(nproc)" --out "$out/costs-q4_k_m.json"
 budget=${GPU_CHECK_SECONDS:-480}  # the Q4_0 pair only where the run's time allows
-if ((SECONDS < budget - 90)); then
+if ((SECONDS < budget - 100)); then
   costs "$m/$big-q4_0.gguf" --aux "$m/$small-q4_0.gguf" --aux-ngl -1 --threads "$(nproc)" --out "$out/costs-q4_0.json"
 fi
 echo "== $((SECONDS)) s"

@@ -93,3 +93,45 @@ def test_beams_as_batch_rows_equal_single_rows_offloaded(offloaded, random_files
             assert row.argmax() == want.argmax()
     for s in range(1, 4):
         aux.rollback(s, 0)
+
+
+def test_random_bytes_models_load_and_give_finite_logits(tmp_path, random_files):
+    """The timing kind (quantized blocks of random bytes, written without a float pass): llama.cpp
+    loads it, its tensor types follow Q4_K_M's recipe, and its logits are finite."""
+    from gguf import GGUFReader
+
+    from mtad_edge.bench.shapes import write_model
+
+    path = write_model("smollm2-135m", "q4_0", "bytes", random_files.target, tmp_path / "bytes.gguf")
+    with LlamaCppBackend(path, LlamaCppConfig(n_ctx=64, n_gpu_layers=ALL_LAYERS)) as m:
+        logits = np.array(m.decode(Batch.run(m.tokenize("Hello"), 0)))[-1]
+    assert logits.shape == (m.n_vocab,) and np.isfinite(logits).all()
+    types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert types["token_embd.weight"] == "Q4_0" and types["output_norm.weight"] == "F32"
+    from mtad_edge.bench.shapes import tensor_type
+
+    assert [tensor_type(f"blk.{i}.ffn_down.weight", "q4_k_m", 32, False) for i in (0, 4, 6, 31)] == [
+        "q6_k",
+        "q4_k",
+        "q6_k",
+        "q6_k",
+    ]  # llama.cpp's use_more_bits: the first and last eighth, and every third layer between
+    assert tensor_type("token_embd.weight", "q4_k_m", 16, True) == "q6_k"  # a tied embedding is the output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("gpt-9", "f16", "normal"), "unknown shape"),
+        (("smollm2-135m", "q3_k", "normal"), "unknown file type"),
+        (("smollm2-135m", "f16", "bytes"), "quantized blocks only"),
+        (("smollm2-135m", "q4_k_m", "normal"), "use --weights bytes"),
+        (("smollm2-135m", "q4_k_m", "bytes"), r"not a whole number of q[46]_k blocks"),
+    ],
+)
+def test_random_models_refuse_what_they_cannot_make(tmp_path, random_files, args, needle):
+    from mtad_edge.bench.shapes import write_model
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    with pytest.raises(MtadEdgeError, match=needle):
+        write_model(*args, random_files.target, tmp_path / "x.gguf")
