@@ -20,6 +20,9 @@ pytestmark = pytest.mark.slow
 
 PROMPTS = ["Explain beam search in one paragraph.", "Why is the sky blue?", "Write a haiku about rain."]
 ALL_LAYERS = -1
+# A rolled-back draft leaves the cache's used span longer, and CUDA's attention tiles over that span:
+# logits of a ~0.5 spread moved by up to 1.7e-4 on an H200 (2026-11-27); the CPU's stay within 1e-5.
+ROLLBACK_ATOL = {"cpu": 1e-5, "gpu": 1e-3}
 VOCAB_ENV = "MTAD_EDGE_VOCAB_GGUF"  # a GGUF to take the vocabulary from where the packaged models are not
 
 
@@ -41,11 +44,14 @@ def offloaded(random_files):
         yield models
 
 
-def test_the_random_pair_is_offloaded_where_the_build_can(offloaded):
+def _device() -> str:
     import llama_cpp
 
-    gpu = bool(llama_cpp.llama_supports_gpu_offload())
-    print("device:", "GPU" if gpu else "CPU")
+    return "gpu" if llama_cpp.llama_supports_gpu_offload() else "cpu"
+
+
+def test_the_random_pair_is_offloaded_where_the_build_can(offloaded):
+    print("device:", _device())
     for m in (offloaded.target, offloaded.aux):
         assert m.config.n_gpu_layers == ALL_LAYERS
 
@@ -79,7 +85,8 @@ def test_rollback_then_decode_equals_fresh_decode_offloaded(offloaded, random_fi
     got = np.array(m.decode(Batch.run([555], len(ids) + 1)))[-1]
     with LlamaCppBackend(random_files.target, LlamaCppConfig(n_ctx=256, n_gpu_layers=ALL_LAYERS)) as fresh:
         want = _last_logits(fresh, ids, [100], [555])  # the kept tokens in the same batch shapes
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ROLLBACK_ATOL[_device()])
+    assert got.argmax() == want.argmax()
 
 
 def test_beams_as_batch_rows_equal_single_rows_offloaded(offloaded, random_files):
