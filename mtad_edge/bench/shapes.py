@@ -101,14 +101,21 @@ def _rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
-# A block of each type filled with random quants and scales that give weights d * (q - centre),
+# A block of each type filled with random quants and fixed scales that give weights d * (q - centre)
 # about WEIGHT_STD wide: (bytes per block, weights per block, fixed fields as (offset, bytes)).
-_F16_D = lambda d: np.float16(d).tobytes()  # noqa: E731
+Q4_D = 2**-8  # Q4_0 / Q4_K: d * (q - 8), q in 0..15: a spread of ~0.018
+Q6_D = 2**-9  # Q6_K: d * (q - 32), q in 0..63: ~0.036
+
+
+def _f16(value: float) -> bytes:
+    return np.float16(value).tobytes()
+
+
 _Q4K_SCALES = bytes([1] * 4 + [8] * 4 + [0x81] * 4)  # every sub-block: scale 1, min 8 (so d * (q - 8))
 _BLOCKS: dict[str, tuple[int, int, list[tuple[int, bytes]]]] = {
-    "q4_0": (18, 32, [(0, _F16_D(2**-8))]),
-    "q4_k": (144, 256, [(0, _F16_D(2**-8)), (2, _F16_D(2**-8)), (4, _Q4K_SCALES)]),
-    "q6_k": (210, 256, [(192, bytes([1] * 16)), (208, _F16_D(2**-9))]),
+    "q4_0": (18, 32, [(0, _f16(Q4_D))]),
+    "q4_k": (144, 256, [(0, _f16(Q4_D)), (2, _f16(Q4_D)), (4, _Q4K_SCALES)]),
+    "q6_k": (210, 256, [(192, bytes([1] * 16)), (208, _f16(Q6_D))]),
 }
 
 
