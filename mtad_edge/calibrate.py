@@ -45,9 +45,10 @@ def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int],
     return store.key(parts)
 
 
-def _timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool) -> float:
+def timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool, filtered: bool = True) -> float:
     """Seconds of one call adding ``rows`` rows after ``prefix`` (one sequence, or ``rows``
-    beams of one token each), logits filtered as decoding does; the cells are dropped after."""
+    beams of one token each), logits filtered as decoding does unless ``filtered`` is false; the
+    cells are dropped after."""
     sampling = SamplingConfig()
     batch = Batch()
     for i in range(rows):
@@ -56,7 +57,9 @@ def _timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool) ->
             model.copy_seq(0, seq)
         batch.add(prefix[i % len(prefix)], len(prefix) + (0 if as_beams else i), (seq,), True)
     t0 = time.perf_counter()
-    filtered_logprobs(model.decode(batch), sampling)
+    logits = model.decode(batch)
+    if filtered:
+        filtered_logprobs(logits, sampling)
     seconds = time.perf_counter() - t0
     for s in range(1, rows + 1 if as_beams else 1):
         model.rollback(s, 0)
@@ -76,9 +79,9 @@ def measure(models: LoadedPair, target_rows: list[int], aux_rows: list[int]) -> 
         model.clear()
         prefix = model.tokenize(_TEXT)[:PREFIX_TOKENS]
         model.decode(Batch.run(prefix, 0, logits="none"))
-        _timed_rows(model, prefix, 1, False)  # warm-up
+        timed_rows(model, prefix, 1, False)  # warm-up
         for r in rows:  # one timing each: the robust line through them shrugs off a disturbed one
-            out[role][r] = _timed_rows(model, prefix, r, as_beams)
+            out[role][r] = timed_rows(model, prefix, r, as_beams)
         model.clear()
     return out
 

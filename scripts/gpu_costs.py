@@ -14,6 +14,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,11 @@ import numpy as np
 
 from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.native import llama_bench
+from mtad_edge.calibrate import timed_rows
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
-from mtad_edge.runtime.sampling import filtered_logprobs
 from mtad_edge.runtime.tree import TokenTree, TreeVerifier
 
 TARGET_ROWS = range(1, 10)
@@ -43,41 +44,26 @@ def _prefix(model: LlamaCppBackend) -> list[int]:
     return ids
 
 
-def _median_s(call, reps: int) -> float:
-    call()  # warm-up: graphs and kernels for this shape
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _median_s(call: Callable[[], float], reps: int) -> float:
+    """The median of ``reps`` seconds ``call`` returns, after one warm-up (graphs and kernels for the shape)."""
+    call()
+    return statistics.median(call() for _ in range(reps))
+
+
+def _timed(call: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
 
 
 def row_costs(model: LlamaCppBackend, rows: range, beams: bool, reps: int) -> dict[str, dict[int, float]]:
     """Median ms of one call adding ``rows`` rows (one sequence, or that many beams of one token),
     the call alone and with the logits filtered as decoding does (numpy, on the host)."""
-    ids, sampling = _prefix(model), SamplingConfig()
+    ids = _prefix(model)
     out: dict[str, dict[int, float]] = {"call_ms": {}, "call_and_filter_ms": {}}
     for r in rows:
-        for s in range(1, r + 1 if beams else 1):
-            model.rollback(s, 0)
-            model.copy_seq(0, s)
-        batch = Batch()
-        for i in range(r):
-            batch.add(ids[i], len(ids) + (0 if beams else i), (1 + i,) if beams else (0,), True)
-
-        def call(filtered: bool, batch: Batch = batch, r: int = r) -> None:
-            logits = model.decode(batch)
-            if filtered:
-                filtered_logprobs(logits, sampling)
-            if not beams:
-                model.rollback(0, len(ids))
-            for s in range(1, r + 1) if beams else ():
-                model.rollback(s, 0)
-                model.copy_seq(0, s)
-
-        out["call_ms"][r] = 1000 * _median_s(lambda: call(False), reps)
-        out["call_and_filter_ms"][r] = 1000 * _median_s(lambda: call(True), reps)
+        for key, filtered in (("call_ms", False), ("call_and_filter_ms", True)):
+            out[key][r] = 1000 * _median_s(lambda r=r, f=filtered: timed_rows(model, ids, r, beams, f), reps)
     return out
 
 
@@ -94,11 +80,12 @@ def tree_costs(model: LlamaCppBackend, reps: int) -> dict[str, dict[str, float]]
         verifier = TreeVerifier(model)
         tokens = ids + [int(ids[-1])]
 
-        def call(verifier: TreeVerifier = verifier, tokens: list[int] = tokens, tree: TokenTree = tree) -> None:
-            verifier.logits(tokens, tree)
+        def call(verifier: TreeVerifier = verifier, tokens: list[int] = tokens, tree: TokenTree = tree) -> float:
+            seconds = _timed(lambda: verifier.logits(tokens, tree))
             for s in range(1, WIDTH + 1):
                 model.rollback(s, 0)
             model.rollback(0, len(ids))
+            return seconds
 
         out[f"shared_{shared}"] = {"nodes": len(tree), "rows": len(tree) + 1, "ms": 1000 * _median_s(call, reps)}
     return out
