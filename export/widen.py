@@ -112,6 +112,14 @@ def _value(field: Any) -> Any:
     return field.contents()
 
 
+def kv_entry(field: Any) -> tuple[Any, Any, Any]:
+    """A KV field as GGUFWriter.add_key_value takes it: (value, value type, an array's element type)."""
+    from gguf import GGUFValueType
+
+    vtype = field.types[0]
+    return _value(field), vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None
+
+
 def _shape(t: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(t.shape.tolist()))  # ggml's ne0-first order -> numpy's
 
@@ -200,8 +208,7 @@ def _metadata(reader: Any, writer: Any, k: int, src: Path, parameters: int) -> N
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key in ("general.architecture", _FACTOR_KEY, _SOURCE_KEY):
             continue  # the writer writes the header and the architecture itself
-        value, vtype = _value(field), field.types[0]
-        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        value, vtype, sub_type = kv_entry(field)
         if key in scaled:
             value = _scaled(value, k)
         elif key == "general.file_type":

@@ -141,7 +141,9 @@ def _qtype(kind: str) -> Any:
 
 def _vocabulary(vocab: Path) -> dict[str, Any]:
     """The ``tokenizer.*`` fields of a GGUF, as GGUFWriter takes them (with their value types)."""
-    from gguf import GGUFReader, GGUFValueType
+    from gguf import GGUFReader
+
+    from mtad_edge.export.widen import kv_entry
 
     if not vocab.is_file():
         raise MtadEdgeError(f"{vocab}: no such file")
@@ -150,15 +152,7 @@ def _vocabulary(vocab: Path) -> dict[str, Any]:
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
-        main = field.types[0]
-        if main == GGUFValueType.STRING:
-            value: Any = bytes(field.parts[-1])
-        elif main == GGUFValueType.ARRAY and field.types[-1] == GGUFValueType.STRING:
-            value = [bytes(field.parts[i]) for i in field.data]
-        else:
-            value = field.contents()
-        sub = field.types[-1] if main == GGUFValueType.ARRAY else None
-        out[key] = (value, main, sub)
+        out[key] = kv_entry(field)
     if "tokenizer.ggml.tokens" not in out:
         raise MtadEdgeError(f"{vocab} holds no tokenizer (no tokenizer.ggml.tokens)")
     return out
