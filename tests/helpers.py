@@ -304,6 +304,40 @@ def assert_drafting_equals_greedy_ar(target, aux, method: str, prompts, n: int) 
     return stats
 
 
+def logits_fresh(model, *chunks):
+    """Last-row logits after decoding ``chunks`` one batch each into an emptied sequence 0.
+    Tests compare runs with the same batch shapes: llama.cpp's numerics depend on them."""
+    model.rollback(0, 0)
+    pos = 0
+    for c in chunks:
+        out = model.decode(Batch.run(c, pos))
+        pos += len(c)
+    return np.array(out)[-1]
+
+
+def logits_after_rollback(model, ids):
+    """Decode ``ids``, token 100, a draft (200, 300, 400) that is then rolled back, and token 555:
+    the last logits, to set against ``logits_fresh(fresh, ids, [100], [555])``."""
+    model.rollback(0, 0)
+    model.decode(Batch.run(ids, 0, logits="none"))
+    model.decode(Batch.run([100], len(ids)))
+    model.decode(Batch.run([200, 300, 400], len(ids) + 1))  # a draft, then rejected
+    model.rollback(0, len(ids) + 1)
+    return np.array(model.decode(Batch.run([555], len(ids) + 1)))[-1]
+
+
+def assert_beams_match_single_sequences(model, ref, ids, beam_tokens=(10, 20, 30)) -> None:
+    """Beams as the rows of one batch of ``model`` give ``ref``'s single-sequence logits (one
+    sequence, in a call of more than one row too: a one-row call rounds otherwise)."""
+    got = decode_beams(model, ids, list(beam_tokens))
+    for row, tok in zip(got, beam_tokens):
+        want = logits_fresh(ref, ids[:-1], [ids[-1], tok])
+        np.testing.assert_allclose(row, want, rtol=0, atol=5e-2)
+        assert row.argmax() == want.argmax()
+    for s in range(1, len(beam_tokens) + 1):
+        model.rollback(s, 0)
+
+
 def decode_beams(model, prompt_ids, beam_tokens):
     """Prefill ``prompt_ids`` in sequence 0, give each beam (sequences 1..n) a copy of it, and
     evaluate one token per beam in a single batch. Returns the logits rows, one per beam."""

@@ -10,7 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import assert_drafting_equals_greedy_ar, decode_beams
+from helpers import (
+    assert_beams_match_single_sequences,
+    assert_drafting_equals_greedy_ar,
+    logits_after_rollback,
+    logits_fresh,
+)
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import Batch
@@ -64,42 +69,18 @@ def test_greedy_drafting_equals_greedy_ar_offloaded(offloaded, method):
     assert drafted > 0 and accepted > drafted // 2, (drafted, accepted)  # the aux is the target's quantization
 
 
-def _last_logits(model, *chunks):
-    """Last-row logits after decoding ``chunks``, one batch each, into an emptied sequence 0."""
-    model.rollback(0, 0)
-    pos = 0
-    for c in chunks:
-        out = model.decode(Batch.run(c, pos))
-        pos += len(c)
-    return np.array(out)[-1]
-
-
 def test_rollback_then_decode_equals_fresh_decode_offloaded(offloaded, random_files):
-    m = offloaded.target
-    ids = m.tokenize("Name a color.")
-    m.rollback(0, 0)
-    m.decode(Batch.run(ids, 0, logits="none"))
-    m.decode(Batch.run([100], len(ids)))
-    m.decode(Batch.run([200, 300, 400], len(ids) + 1))  # a draft, then rejected
-    m.rollback(0, len(ids) + 1)
-    got = np.array(m.decode(Batch.run([555], len(ids) + 1)))[-1]
+    ids = offloaded.target.tokenize("Name a color.")
+    got = logits_after_rollback(offloaded.target, ids)
     with LlamaCppBackend(random_files.target, LlamaCppConfig(n_ctx=256, n_gpu_layers=ALL_LAYERS)) as fresh:
-        want = _last_logits(fresh, ids, [100], [555])  # the kept tokens in the same batch shapes
+        want = logits_fresh(fresh, ids, [100], [555])  # the kept tokens in the same batch shapes
     np.testing.assert_allclose(got, want, rtol=0, atol=ROLLBACK_ATOL[_device()])
     assert got.argmax() == want.argmax()
 
 
 def test_beams_as_batch_rows_equal_single_rows_offloaded(offloaded, random_files):
-    aux = offloaded.aux
-    ids = aux.tokenize("Say hi.")
-    got = decode_beams(aux, ids, [10, 20, 30])
     with LlamaCppBackend(random_files.aux, LlamaCppConfig(n_ctx=256, n_gpu_layers=ALL_LAYERS)) as ref:
-        for row, tok in zip(got, [10, 20, 30]):
-            want = _last_logits(ref, ids[:-1], [ids[-1], tok])  # a call of more than one row, as the beams'
-            np.testing.assert_allclose(row, want, rtol=0, atol=5e-2)
-            assert row.argmax() == want.argmax()
-    for s in range(1, 4):
-        aux.rollback(s, 0)
+        assert_beams_match_single_sequences(offloaded.aux, ref, offloaded.aux.tokenize("Say hi."))
 
 
 def test_random_bytes_models_load_and_give_finite_logits(tmp_path, random_files):

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 
 from helpers import (
+    assert_beams_match_single_sequences,
     assert_blocks_follow_trees,
     common_prefix,
-    decode_beams,
     generate_tokens,
+    logits_after_rollback,
+    logits_fresh,
     near_tie_at_first_difference,
     record_trees,
 )
@@ -45,26 +47,9 @@ def fresh(smol_files):
         yield m
 
 
-def logits_fresh(model, *chunks):
-    """Last-row logits after decoding ``chunks`` one batch each into an emptied sequence 0.
-    Tests compare runs with the same batch shapes: llama.cpp's numerics depend on them."""
-    model.rollback(0, 0)
-    pos = 0
-    for c in chunks:
-        out = model.decode(Batch.run(c, pos))
-        pos += len(c)
-    return np.array(out)[-1]
-
-
 def test_rollback_then_decode_equals_fresh_decode(smol_models, fresh):
-    m = smol_models.target
-    ids = chat_ids(m, "Name a color.")
-    m.rollback(0, 0)
-    m.decode(Batch.run(ids, 0, logits="none"))
-    m.decode(Batch.run([100], len(ids)))
-    m.decode(Batch.run([200, 300, 400], len(ids) + 1))  # a draft, then rejected
-    m.rollback(0, len(ids) + 1)
-    got = np.array(m.decode(Batch.run([555], len(ids) + 1)))[-1]
+    ids = chat_ids(smol_models.target, "Name a color.")
+    got = logits_after_rollback(smol_models.target, ids)
     np.testing.assert_allclose(got, logits_fresh(fresh, ids, [100], [555]), rtol=0, atol=1e-5)
 
 
@@ -83,17 +68,8 @@ def test_rollback_falls_back_to_reprefill_when_seq_rm_refuses(smol_files, fresh,
 
 
 def test_beams_in_one_batch_match_single_sequence_decodes(smol_models, smol_files):
-    aux = smol_models.aux
-    ids = chat_ids(aux, "Say hi.")
-    got = decode_beams(aux, ids, [10, 20, 30])
     with LlamaCppBackend(smol_files.aux, LlamaCppConfig(n_ctx=256)) as ref:
-        for row, tok in zip(got, [10, 20, 30]):
-            # one sequence, in a call of more than one row too (a one-row call rounds otherwise)
-            want = logits_fresh(ref, ids[:-1], [ids[-1], tok])
-            np.testing.assert_allclose(row, want, rtol=0, atol=5e-2)
-            assert row.argmax() == want.argmax()
-    for s in range(1, 4):
-        aux.rollback(s, 0)
+        assert_beams_match_single_sequences(smol_models.aux, ref, chat_ids(smol_models.aux, "Say hi."))
 
 
 @pytest.mark.parametrize("gamma", [4, "auto"])
