@@ -25,11 +25,22 @@ unpack() {
   [[ -d $src ]] || tar xJf "$pack/llama_cpp_python-$ver.tar.xz" -C "$work/src"
 }
 
+cuda_root() {  # the toolkit nvcc belongs to
+  cd "$(dirname "$(readlink -f "$(command -v nvcc)")")/.." && pwd
+}
+
+toolkit_has_cublas() {  # in any of the toolkit's include folders
+  local h
+  for h in "$1"/include/cublas_v2.h "$1"/targets/*/include/cublas_v2.h "${CUDA_HOME:-/usr/local/cuda}"/include/cublas_v2.h; do
+    [[ -f $h ]] && return 0
+  done
+  return 1
+}
+
 build() {  # build DIR: configure and build; cuBLAS from pip where the toolkit lacks it
   local dir=$1 extra="" toolkit hdr inc lib
-  toolkit=$(cd "$(dirname "$(readlink -f "$(command -v nvcc)")")/.." && pwd)
-  if ! ls "$toolkit"/include/cublas_v2.h "$toolkit"/targets/*/include/cublas_v2.h \
-      "${CUDA_HOME:-/usr/local/cuda}"/include/cublas_v2.h >/dev/null 2>&1; then
+  toolkit=$(cuda_root)
+  if ! toolkit_has_cublas "$toolkit"; then
     hdr=$(python3 -c 'import glob, sys
 print(next(iter(h for r in sys.path for h in sorted(glob.glob(r + "/nvidia/*/include/cublas_v2.h"))), ""))')
     [[ -n $hdr ]] || { echo "no cuBLAS headers in $toolkit or in python3's nvidia packages" >&2; return 1; }
@@ -104,7 +115,7 @@ if [[ -z ${GPU_CHECK_BIN:-} && ! -f $work/build/done ]]; then
   build "$work/build" > "$out/build.log" 2>&1 && touch "$work/build/done" || { tail -30 "$out/build.log"; exit 1; }
   echo "built in $((SECONDS - t0)) s"
 fi
-cuda=$(cd "$(dirname "$(readlink -f "$(command -v nvcc)")")/.." && pwd)
+cuda=$(cuda_root)
 export LLAMA_CPP_LIB_PATH=$bin LD_LIBRARY_PATH=$bin:$cuda/lib64:${LD_LIBRARY_PATH:-}
 wait "$models" || { cat "$out/models.log"; exit 1; }
 
