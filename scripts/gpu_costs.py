@@ -99,15 +99,12 @@ def plain_decoding(model: LlamaCppBackend, temperature: float) -> dict[str, Any]
     meter = EnergyMeter()
     gen = Generation(model, None, ids, cfg)
     meter.start()
-    t0 = time.perf_counter()
     n = sum(len(block) for block in gen)
-    seconds = time.perf_counter() - t0
     joules = meter.stop()
-    decode_s = gen.stats.decode_s if getattr(gen.stats, "decode_s", None) else seconds
     return {
         "temperature": temperature,
         "generated": n,
-        "tokens_per_s": n / decode_s,
+        "tokens_per_s": n / gen.stats.decode_s,  # after the prompt, as llama-bench's tg
         "j_per_token": joules / n if joules is not None and n else None,
     }
 

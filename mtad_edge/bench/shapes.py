@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +203,7 @@ def write_model(shape: str, ftype: str, weights: str, vocab: Path, out: Path, se
         raise MtadEdgeError("random bytes make quantized blocks only: use --weights normal for f16")
     s = SHAPES[shape]
     if n_layer > 0:
-        s = Shape(s.n_embd, n_layer, s.n_head, s.n_head_kv, s.n_ff, s.n_vocab, s.tied, s.rope_base, s.n_ctx_train)
+        s = replace(s, n_layer=n_layer)
     writer = GGUFWriter(str(out), "llama")
     writer.add_name(f"random {shape} ({weights} weights, seed {seed})")
     writer.add_context_length(s.n_ctx_train)
@@ -222,7 +222,7 @@ def write_model(shape: str, ftype: str, weights: str, vocab: Path, out: Path, se
     if weights == "normal":
         if ftype not in ("f16", "q4_0"):
             raise MtadEdgeError(f"normal weights are written f16 or q4_0, not {ftype}: use --weights bytes")
-        s = Shape(s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.n_ff, s.n_vocab, False, s.rope_base, s.n_ctx_train)
+        s = replace(s, tied=False)
     for name, dims in _tensors(s):
         rng = _rng(seed, name)
         if len(dims) == 1:
