@@ -147,7 +147,8 @@ class BeamDrafter:
         ids, logq = self._rows(feed(model, ctx)[-1:], beam_tok, rows)  # the current beams' rows
         seqs = [0]  # sequence of each current beam
         beam_logq = np.zeros((1, 0))
-        beam_rows = np.zeros((1, 0, logq.shape[-1])) if rows else None
+        row_of = np.zeros((1, 0), dtype=np.int64)  # which of each depth's rows every beam extended
+        depth_rows: list[np.ndarray] = []  # with ``rows``: each depth's log q rows, traced back at the end
         score = np.zeros(1)
         bank = 0
         calls: list[tuple[int, float]] = []
@@ -159,13 +160,16 @@ class BeamDrafter:
             calls.append((pending if d == 0 else len(seqs), clock() - t0))  # an aux call and its selection
             parent, col = np.divmod(pick, logq.shape[-1])
             tok = col if ids is None else ids[parent, col]
-            gone = np.setdiff1d(np.arange(len(beam_tok)), parent)
-            if d and len(gone):  # these prefixes have no child at this depth: dead ends
-                dead.append(np.pad(beam_tok[gone], ((0, 0), (0, gamma - d)), constant_values=-1))
+            if d:
+                alive = np.zeros(len(beam_tok), dtype=bool)
+                alive[parent] = True
+                if not alive.all():  # these prefixes have no child at this depth: dead ends
+                    dead.append(np.pad(beam_tok[~alive], ((0, 0), (0, gamma - d)), constant_values=-1))
             beam_tok = np.concatenate([beam_tok[parent], tok[:, None]], axis=1)
             beam_logq = np.concatenate([beam_logq[parent], logq[parent, col][:, None]], axis=1)
-            if beam_rows is not None:
-                beam_rows = np.concatenate([beam_rows[parent], logq[parent][:, None]], axis=1)
+            if rows:
+                depth_rows.append(logq)
+                row_of = np.concatenate([row_of[parent], parent[:, None]], axis=1)
             score = cand[parent, col]
             seqs = [seqs[j] for j in parent]  # each beam's cache: its parent's, without `tok`
             if d == gamma - 1 or (keep_going is not None and not keep_going(d + 1, float(score.max()))):
@@ -184,7 +188,7 @@ class BeamDrafter:
         self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
         self._beam_aux = beam_tok
         self._dead_aux = np.concatenate(dead) if dead else np.zeros((0, beam_tok.shape[1]), dtype=np.int64)
-        q_rows = None if beam_rows is None else beam_rows[best]
+        q_rows = np.stack([r[i] for r, i in zip(depth_rows, row_of[best])]) if rows else None
         ends = self._dead_aux if len(self._dead_aux) else None
         if cross is not None:  # hand over target tokens (and q over the target's vocabulary)
             beam_tok = cross.to_target(beam_tok)
