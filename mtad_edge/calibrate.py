@@ -19,7 +19,7 @@ from mtad_edge.loader import LoadedPair, ModelOptions
 from mtad_edge.runtime.backend import Backend, Batch
 from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.controller import Costs, Model
-from mtad_edge.runtime.sampling import filtered_logprobs
+from mtad_edge.runtime.sampling import KeptRows
 
 _TEXT = "The quick brown fox jumps over the lazy dog while the river runs quietly past the old mill."
 PREFIX_TOKENS = 24  # the context the calls are timed on: short, so a calibration stays well under a second
@@ -59,7 +59,7 @@ def timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool, fil
     t0 = time.perf_counter()
     logits = model.decode(batch)
     if filtered:
-        filtered_logprobs(logits, sampling)
+        KeptRows.of(logits, sampling)
     seconds = time.perf_counter() - t0
     for s in range(1, rows + 1 if as_beams else 1):
         model.rollback(s, 0)

@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import Backend, Batch, common_prefix, feed
 from .repeats import Seen, ban
-from .sampling import Filter, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
+from .sampling import Filter, KeptRows, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
 from .vocab import CrossVocab
 
 # Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
@@ -34,7 +34,7 @@ KeepGoing = Callable[[int, float], bool]
 class Draft:
     tokens: np.ndarray  # (gamma,) the best beam x*_1..x*_gamma
     logq_x: np.ndarray  # (gamma,) log q_d(x*_d) along it
-    q_rows: Optional[np.ndarray] = None  # (gamma, V) log q_d along it, when asked for (lossless SD)
+    q: Optional[KeptRows] = None  # (gamma rows) filtered log q_d along it, when asked for (lossless SD)
     beams: Optional[np.ndarray] = None  # (n, gamma) every final beam (MMTAD's tree)
     beams_logq: Optional[np.ndarray] = None  # (n, gamma) per-token log q along each
     best: int = 0  # index of the best beam in ``beams``
@@ -132,8 +132,8 @@ class BeamDrafter:
         self, tokens: Sequence[int], gamma: int, width: int, rows: bool = False, keep_going: Optional[KeepGoing] = None
     ) -> Draft:
         """Draft up to ``gamma`` tokens after ``tokens`` with ``width`` beams; ``rows`` keeps the
-        full log q rows along the best beam; ``keep_going`` may stop the draft early (at least
-        one token is always drafted)."""
+        filtered log q rows along the best beam (``Draft.q``); ``keep_going`` may stop the draft
+        early (at least one token is always drafted)."""
         model, clock, cross = self.model, self.clock, self.cross
         if cross is not None:
             cross.catch_up(self.ctx, tokens)
@@ -144,11 +144,11 @@ class BeamDrafter:
             self.seen.sync(ctx)
         t0, pending = clock(), len(ctx) - len(model.held(0))
         beam_tok = np.zeros((1, 0), dtype=np.int64)
-        ids, logq = self._rows(feed(model, ctx)[-1:], beam_tok, rows)  # the current beams' rows
+        ids, logq = self._rows(feed(model, ctx)[-1:], beam_tok)  # the current beams' rows
         seqs = [0]  # sequence of each current beam
         beam_logq = np.zeros((1, 0))
         row_of = np.zeros((1, 0), dtype=np.int64)  # which of each depth's rows every beam extended
-        depth_rows: list[np.ndarray] = []  # with ``rows``: each depth's log q rows, traced back at the end
+        depth_rows: list[tuple[Optional[np.ndarray], np.ndarray]] = []  # with ``rows``: each depth's (ids, log q)
         score = np.zeros(1)
         bank = 0
         calls: list[tuple[int, float]] = []
@@ -168,7 +168,7 @@ class BeamDrafter:
             beam_tok = np.concatenate([beam_tok[parent], tok[:, None]], axis=1)
             beam_logq = np.concatenate([beam_logq[parent], logq[parent, col][:, None]], axis=1)
             if rows:
-                depth_rows.append(logq)
+                depth_rows.append((ids, logq))
                 row_of = np.concatenate([row_of[parent], parent[:, None]], axis=1)
             score = cand[parent, col]
             seqs = [seqs[j] for j in parent]  # each beam's cache: its parent's, without `tok`
@@ -182,19 +182,21 @@ class BeamDrafter:
                 model.rollback(s, 0)
                 model.copy_seq(seqs[j], s)
                 batch.add(tok[j], base + d, (s,), True)
-            ids, logq = self._rows(model.decode(batch), beam_tok, rows)
+            ids, logq = self._rows(model.decode(batch), beam_tok)
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
         self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
         self._beam_aux = beam_tok
         self._dead_aux = np.concatenate(dead) if dead else np.zeros((0, beam_tok.shape[1]), dtype=np.int64)
-        q_rows = np.stack([r[i] for r, i in zip(depth_rows, row_of[best])]) if rows else None
+        q = self._q_along(depth_rows, row_of[best]) if rows else None
         ends = self._dead_aux if len(self._dead_aux) else None
         if cross is not None:  # hand over target tokens (and q over the target's vocabulary)
             beam_tok = cross.to_target(beam_tok)
-            q_rows = None if q_rows is None else cross.rows_to_target(q_rows)
+            if q is not None:
+                target_rows = cross.rows_to_target(q.dense())
+                q = KeptRows(None, target_rows, target_rows.shape[-1])
             ends = None if ends is None else np.where(ends >= 0, cross.to_target(np.maximum(ends, 0)), -1)
-        return Draft(beam_tok[best], beam_logq[best], q_rows, beam_tok, beam_logq, best, calls, ends)
+        return Draft(beam_tok[best], beam_logq[best], q, beam_tok, beam_logq, best, calls, ends)
 
     def commit(self, k: int, beam: Optional[int] = None) -> None:
         """The target kept x_1..x_k of the last draft's ``beam`` (default: the best; indices past
@@ -212,14 +214,22 @@ class BeamDrafter:
             path = self._beam_aux[b] if b < finals else self._dead_aux[b - finals]
             self.cross.accepted(self.ctx, path, k)
 
-    def _rows(self, logits: np.ndarray, beam_tok: np.ndarray, full: bool) -> tuple[Optional[np.ndarray], np.ndarray]:
+    def _rows(self, logits: np.ndarray, beam_tok: np.ndarray) -> tuple[Optional[np.ndarray], np.ndarray]:
         """Each current beam's filtered log q: (ids, rows) over its top-k tokens alone where top-k
         keeps a few (the same draws as full rows, for a fraction of the numpy work per aux call),
-        else (None, rows over the whole vocabulary); ``full`` asks for the latter."""
-        kept = None if full or self.cross is not None else kept_logprobs(logits, self.score_cfg)
+        else (None, rows over the whole vocabulary)."""
+        kept = None if self.cross is not None else kept_logprobs(logits, self.score_cfg)
         if kept is None:
             return None, self._no_repeats(self._logq(logits), beam_tok)
         return kept[0], self._no_repeats(kept[1], beam_tok, kept[0])
+
+    def _q_along(self, depth_rows: list[tuple[Optional[np.ndarray], np.ndarray]], row_of: np.ndarray) -> KeptRows:
+        """The best beam's row of each depth (``row_of``: which of that depth's rows it extended)."""
+        logq = np.stack([q[r] for (_, q), r in zip(depth_rows, row_of)])
+        if depth_rows[0][0] is None:  # whole rows (no top-k, or another vocabulary)
+            return KeptRows(None, logq, logq.shape[-1])
+        ids = np.stack([np.asarray(i)[r] for (i, _), r in zip(depth_rows, row_of)])
+        return KeptRows(ids, logq, self.model.n_vocab)
 
     def _no_repeats(self, logq: np.ndarray, beam_tok: np.ndarray, ids: Optional[np.ndarray] = None) -> np.ndarray:
         """Each beam's row without the tokens that would repeat an n-gram of the text (no_repeat);

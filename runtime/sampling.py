@@ -107,6 +107,65 @@ def kept_logprobs(logits: np.ndarray, cfg: Filter) -> Optional[tuple[np.ndarray,
     return _in_token_order(*_top_k(logits, cfg))
 
 
+@dataclass(frozen=True)
+class KeptRows:
+    """Filtered log-probs of a few rows as the entries each keeps (``kept_logprobs``): ``ids``
+    (rows, k), ascending within a row, with ``logp`` beside them (top-p's drops -inf); or, with
+    ``ids`` None, ``logp`` is the whole (rows, V) of ``filtered_logprobs`` (top-k off, greedy)."""
+
+    ids: Optional[np.ndarray]
+    logp: np.ndarray
+    n_vocab: int
+
+    @classmethod
+    def of(cls, logits: np.ndarray, cfg: Filter) -> KeptRows:
+        logits = np.asarray(logits)
+        kept = kept_logprobs(logits, cfg)
+        if kept is None:
+            return cls(None, filtered_logprobs(logits, cfg), logits.shape[-1])
+        return cls(kept[0], kept[1], logits.shape[-1])
+
+    def dense(self) -> np.ndarray:
+        """The rows over the whole vocabulary, as ``filtered_logprobs`` gives them."""
+        if self.ids is None:
+            return self.logp
+        out = np.full((len(self.logp), self.n_vocab), NEG_INF)
+        np.put_along_axis(out, self.ids, self.logp, axis=-1)
+        return out
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Rows of log-probs over ``vocab`` alone (ascending token ids): every token some row keeps,
+    and the drafted ones. Every other token is -inf in every row, so a verification rule or a
+    draw gives on these rows what it gives on full rows (the same tokens in the same order), for a
+    fraction of the work: a row of a 128k vocabulary is a few dozen columns here."""
+
+    vocab: np.ndarray
+    rows: tuple[np.ndarray, ...]
+
+    @classmethod
+    def shared(cls, tokens: np.ndarray, *kept: KeptRows) -> Columns:
+        """``kept``'s rows on the columns they share; ``tokens`` (drafted ids, -1 = none) get a
+        column each whether kept or not."""
+        n_vocab = kept[0].n_vocab
+        if any(k.ids is None for k in kept):  # a whole row: every column
+            return cls(np.arange(n_vocab), tuple(k.dense() for k in kept))
+        tokens = np.asarray(tokens).ravel()
+        ids = [np.asarray(k.ids) for k in kept]
+        vocab = np.unique(np.concatenate([*(i.ravel() for i in ids), tokens[tokens >= 0]]))
+        rows = []
+        for i, k in zip(ids, kept):
+            out = np.full((len(k.logp), len(vocab)), NEG_INF)
+            np.put_along_axis(out, np.searchsorted(vocab, i), k.logp, axis=-1)
+            rows.append(out)
+        return cls(vocab, tuple(rows))
+
+    def column(self, tokens: np.ndarray) -> np.ndarray:
+        """The column of each token id (every id in ``vocab``)."""
+        return np.searchsorted(self.vocab, tokens)
+
+
 # Top-k bounds a row's k-th largest logit from below by the k-th largest maximum of this many
 # interleaved groups of its logits (k distinct logits reach it), so argpartition runs only on the
 # few logits at or above that bound: 25 against 400 us for a 49k-token row, paid by every plain

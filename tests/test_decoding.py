@@ -85,7 +85,7 @@ def test_beam_drafter_log_q_matches_a_fresh_computation():
         for i, x in enumerate(d.tokens):
             ref = filtered_logprobs(aux.logits_for(ctx), cfg)
             assert np.isclose(d.logq_x[i], ref[x])
-            assert np.allclose(np.nan_to_num(d.q_rows[i], neginf=-1e9), np.nan_to_num(ref, neginf=-1e9))
+            assert np.allclose(np.nan_to_num(d.q.dense()[i], neginf=-1e9), np.nan_to_num(ref, neginf=-1e9))
             ctx.append(int(x))
         k = int(rng.integers(0, 5))
         drafter.commit(k)
@@ -105,8 +105,8 @@ def test_beam_drafter_log_q_matches_a_fresh_computation():
 )
 def test_beams_drawn_over_the_top_k_alone_are_the_draws_over_full_rows(monkeypatch, cfg, no_repeat):
     """Where top-k keeps a few tokens the drafter works on those entries alone, never building a
-    full row (rows=True still gets full rows); from the same generator state it draws exactly the
-    beams, per-token log q and dead ends that full rows give, draft after draft."""
+    full row (its q rows for sd included); from the same generator state it draws exactly the
+    beams, per-token log q, dead ends and q rows that full rows give, draft after draft."""
     from mtad_edge.runtime import drafter as drafter_module
 
     runs = []
@@ -116,12 +116,16 @@ def test_beams_drawn_over_the_top_k_alone_are_the_draws_over_full_rows(monkeypat
         tokens, steps, out = list(PROMPT), np.random.default_rng(1), []
         drafter.start(tokens)
         with monkeypatch.context() as m:
-            if not full:
+            if full:  # the whole-row route (as for a top-k that keeps every token)
+                m.setattr(drafter_module, "kept_logprobs", lambda *a: None)
+            else:
                 m.setattr(drafter_module, "filtered_logprobs", lambda *a: pytest.fail("a full row was built"))
             for _ in range(8):
-                d = drafter.propose(tokens, 5, 4, rows=full)
+                d = drafter.propose(tokens, 5, 4, rows=True)
                 dead = None if d.dead is None else d.dead.tolist()
-                out.append((d.beams.tolist(), d.beams_logq.tolist(), d.best, d.tokens.tolist(), dead))
+                assert d.q is not None and (d.q.ids is None) == full
+                q = np.nan_to_num(d.q.dense(), neginf=-1e9).round(12).tolist()
+                out.append((d.beams.tolist(), d.beams_logq.tolist(), d.best, d.tokens.tolist(), dead, q))
                 k = int(steps.integers(0, 6))
                 drafter.commit(k)
                 tokens += [int(t) for t in d.tokens[:k]] + [int(steps.integers(0, 40))]

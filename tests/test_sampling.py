@@ -4,6 +4,8 @@ import pytest
 from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.sampling import (
     FEW_KEPT,
+    Columns,
+    KeptRows,
     filtered_logprobs,
     kept_logprobs,
     log_softmax,
@@ -135,3 +137,44 @@ def test_kept_tokens_are_the_k_largest_logits(vocab):
             assert len(set(kept.tolist())) == k
             assert np.array_equal(np.sort(row[kept]), np.sort(row)[-k:])
         assert np.isfinite(logp[0]).all()  # the row with no -inf
+
+
+@pytest.mark.parametrize(
+    "cfg", [SamplingConfig(1.0, 10, 0.9), SamplingConfig(0.7, 3, 1.0), SamplingConfig(1.0, 0, 0.9)]
+)
+def test_rows_on_shared_columns_hold_what_full_rows_hold(cfg):
+    """Two sets of rows on the columns they share: every token either keeps has a column, as do
+    the drafted tokens, and each row there equals its full filtered row; the tokens left out are
+    -inf in every full row. With top-k off the columns are the whole vocabulary."""
+    data = np.random.default_rng(3)
+    vocab = 49152
+    p_logits = data.normal(size=(5, vocab)).astype(np.float32) * 3
+    q_logits = (p_logits[:4] + data.normal(size=(4, vocab))).astype(np.float32)
+    drafted = np.array([5, 77, 49151, 5])  # not kept by any row, most likely
+    p, q = KeptRows.of(p_logits, cfg), KeptRows.of(q_logits, cfg)
+    full_p, full_q = filtered_logprobs(p_logits, cfg), filtered_logprobs(q_logits, cfg)
+    assert np.array_equal(p.dense(), full_p) and np.array_equal(q.dense(), full_q)
+    cols = Columns.shared(drafted, p, q)
+    assert np.all(np.diff(cols.vocab) > 0) and set(drafted) <= set(cols.vocab.tolist())
+    assert np.array_equal(cols.rows[0], full_p[:, cols.vocab]) and np.array_equal(cols.rows[1], full_q[:, cols.vocab])
+    assert np.array_equal(cols.vocab[cols.column(drafted)], drafted)
+    left_out = np.setdiff1d(np.arange(vocab), cols.vocab)
+    assert not np.isfinite(full_p[:, left_out]).any() and not np.isfinite(full_q[:, left_out]).any()
+    if not cfg.top_k:
+        assert len(cols.vocab) == vocab
+    else:
+        assert len(cols.vocab) <= 9 * cfg.top_k + len(drafted)
+
+
+def test_a_draw_on_shared_columns_is_the_draw_on_the_full_row():
+    """``sample`` on a row's columns picks, from the same generator state, the token it picks on
+    the full row (the kept tokens in the same order)."""
+    data = np.random.default_rng(4)
+    cfg = SamplingConfig(1.0, 20, 0.95)
+    for _ in range(50):
+        logits = data.normal(size=(2, 1000)) * 2
+        cols = Columns.shared(np.array([3]), KeptRows.of(logits, cfg))
+        seed = int(data.integers(1 << 30))
+        for row in range(2):
+            on_full = sample(filtered_logprobs(logits, cfg)[row], np.random.default_rng(seed))
+            assert cols.vocab[sample(cols.rows[0][row], np.random.default_rng(seed))] == on_full

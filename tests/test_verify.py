@@ -9,7 +9,7 @@ from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.drafter import Draft
 from mtad_edge.runtime.methods import StepView, get
-from mtad_edge.runtime.sampling import filtered_logprobs, sample, sample_logits
+from mtad_edge.runtime.sampling import Columns, KeptRows, filtered_logprobs, sample, sample_logits
 from mtad_edge.runtime.verify import (
     block_residual,
     block_stop_prob,
@@ -463,3 +463,23 @@ def test_at_temperature_zero_a_step_reads_only_the_targets_argmax(method):
         assert block_verify(p, q_rows, draft_tokens, np.random.default_rng(1)) == (k, top[k])
         kept.add(k)
     assert kept == {0, 1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("rule", [speculative_verify, block_verify])
+def test_a_rule_on_shared_columns_decides_as_on_full_rows(rule):
+    """sd verifies on the columns its target and draft rows keep: from the same generator state a
+    rule accepts as many tokens and draws the same next token as on full vocabulary rows."""
+    data = np.random.default_rng(11)
+    cfg = SamplingConfig(1.0, 8, 0.9)
+    for _ in range(300):
+        gamma, vocab = int(data.integers(1, 6)), 500
+        p_logits = data.normal(size=(gamma + 1, vocab)) * 2
+        q_logits = p_logits[:gamma] + data.normal(size=(gamma, vocab)) * float(data.uniform(0.2, 2))
+        q = KeptRows.of(q_logits, cfg)
+        draft = np.array([sample(row, data) for row in q.dense()])
+        p = KeptRows.of(p_logits, cfg)
+        cols = Columns.shared(draft, p, q)
+        seed = int(data.integers(1 << 30))
+        on_full = rule(p.dense(), q.dense(), draft, np.random.default_rng(seed))
+        k, j = rule(*cols.rows, cols.column(draft), np.random.default_rng(seed))
+        assert (k, int(cols.vocab[j])) == on_full

@@ -18,7 +18,7 @@ import numpy as np
 from ..backend import Backend, TokenIds, feed
 from ..drafter import Draft
 from ..repeats import Seen
-from ..sampling import Filter, filtered_logprobs, sample_logits
+from ..sampling import Columns, Filter, KeptRows, sample_logits
 from ..verify import greedy_accept_length
 
 R = TypeVar("R")  # what a step reads from a target call's logits
@@ -132,9 +132,10 @@ def target_call(run: StepView, read: Callable[[np.ndarray], R], draft: TokenIds 
     return read(logits), Call(rows, run.clock() - t0)
 
 
-def target_logp(run: StepView, draft: TokenIds = ()) -> tuple[np.ndarray, Call]:
-    """Filtered log p for every draft position plus one, and the call."""
-    return target_call(run, lambda logits: filtered_logprobs(logits, run.sampling), draft)
+def target_columns(run: StepView, draft: np.ndarray, *also: KeptRows) -> tuple[Columns, Call]:
+    """Filtered log p for every draft position plus one, on the columns they and ``also`` (the
+    draft's own q rows) keep, and the call."""
+    return target_call(run, lambda logits: Columns.shared(draft, KeptRows.of(logits, run.sampling), *also), draft)
 
 
 def greedy_step(run: StepView, draft: Draft) -> StepResult:

@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from ..drafter import Draft, beam_cells, beam_slots
-from ..sampling import filtered_logprobs, sample
+from ..sampling import Columns, KeptRows, sample
 from ..tree import TokenTree, TreeVerifier, greedy_tree_accept, mmtad_accept
 from ..verify import greedy_accept_length, mtad_accept_length
 from .base import Call, Layout, Method, StepResult, StepView, plain_step, repeat_bars
@@ -40,7 +40,11 @@ class MMTAD(Method):
         t0, pending = run.clock(), len(run.tokens) - len(run.target.held(0))
         logits = verifier.logits(run.tokens, tree)  # row 0: the root
         greedy = run.sampling.greedy  # p one-hot: each row's argmax is all a rule needs
-        p = np.argmax(logits, axis=-1) if greedy else filtered_logprobs(logits, run.sampling)
+        if greedy:
+            p, vocab = np.argmax(logits, axis=-1), None
+        else:
+            cols = Columns.shared(paths, KeptRows.of(logits, run.sampling))
+            (p,), vocab = cols.rows, cols.vocab
         call = Call(pending + len(tree), run.clock() - t0, tree=True)
         rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
         best = draft.best  # the final beams come first in paths
@@ -49,14 +53,14 @@ class MMTAD(Method):
             k, b = greedy_tree_accept(paths, along)
             alone = greedy_accept_length(paths[best], along[best])
         else:
-            logp_x = np.where(paths >= 0, p[rows, np.maximum(paths, 0)], -np.inf)
+            logp_x = np.where(paths >= 0, p[rows, cols.column(np.maximum(paths, 0))], -np.inf)
             bars = repeat_bars(run, paths)
             k, b = mmtad_accept(np.cumsum(logp_x, axis=1), np.cumsum(draft.logq_x), run.accept_threshold, bars)
             alone = mtad_accept_length(
                 logp_x[best], draft.logq_x, run.accept_threshold, None if bars is None else bars[best]
             )
         row = 1 + tree.node_of[b, k - 1] if k else 0
-        nxt = int(p[row]) if greedy else sample(p[row], run.rng)
+        nxt = int(p[row]) if vocab is None else int(vocab[sample(p[row], run.rng)])
         verifier.adopt(len(run.tokens), b, k, len(paths))
         nodes = [tree.depth.count(d) for d in range(1, paths.shape[1] + 1)]
         return StepResult(

@@ -10,7 +10,7 @@ import numpy as np
 from ..drafter import Draft, beam_cells, beam_slots
 from ..sampling import sample
 from ..verify import mtad_accept_length
-from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, repeat_bars, target_logp
+from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, repeat_bars, target_columns
 
 # A short draft makes the joint test less joint and gives MTAD's perplexity gain away (one token
 # is a per-token test), so gamma 'auto' drafts at least the paper's gamma 4 when sampling, unless
@@ -35,10 +35,10 @@ def joint_step(run: StepView, draft: Draft) -> StepResult:
     """One target call on the draft's best beam, MTAD's joint test on it, the bonus token."""
     if run.sampling.greedy:
         return greedy_step(run, draft)
-    p, call = target_logp(run, draft.tokens)
-    n = len(draft.tokens)
+    cols, call = target_columns(run, draft.tokens)
+    (p,) = cols.rows
+    logp_x = p[np.arange(len(draft.tokens)), cols.column(draft.tokens)]
     bars = repeat_bars(run, draft.tokens)
-    k = mtad_accept_length(
-        p[np.arange(n), draft.tokens], draft.logq_x, run.accept_threshold, None if bars is None else bars[0]
-    )
-    return StepResult([*map(int, draft.tokens[:k]), sample(p[k], run.rng)], k, calls=[call])
+    k = mtad_accept_length(logp_x, draft.logq_x, run.accept_threshold, None if bars is None else bars[0])
+    nxt = int(cols.vocab[sample(p[k], run.rng)])
+    return StepResult([*map(int, draft.tokens[:k]), nxt], k, calls=[call])

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ..drafter import Draft, beam_cells, beam_slots
 from ..verify import block_verify, match_verify, speculative_verify
-from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, target_call, target_logp
+from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, target_call, target_columns
 
 
 class SD(Method):
@@ -30,8 +30,10 @@ class SD(Method):
                 run, lambda logits: match_verify(logits, draft.tokens, run.sampling, run.rng), draft.tokens
             )
         else:
-            assert draft.q_rows is not None
-            p, call = target_logp(run, draft.tokens)
+            assert draft.q is not None
+            cols, call = target_columns(run, draft.tokens, draft.q)
             rule = block_verify if run.verify == "block" else speculative_verify
-            k, nxt = rule(p, draft.q_rows, draft.tokens, run.rng)
+            p, q = cols.rows
+            k, j = rule(p, q, cols.column(draft.tokens), run.rng)
+            nxt = int(cols.vocab[j])
         return StepResult([*map(int, draft.tokens[:k]), nxt], k, calls=[call])
