@@ -14,12 +14,14 @@ import time
 from importlib import metadata
 from typing import Any
 
+import numpy as np
+
 import mtad_edge.store as store
 from mtad_edge.loader import LoadedPair, ModelOptions
 from mtad_edge.runtime.backend import Backend, Batch
 from mtad_edge.runtime.config import SamplingConfig
 from mtad_edge.runtime.controller import Costs, Model
-from mtad_edge.runtime.sampling import KeptRows
+from mtad_edge.runtime.sampling import Columns, KeptRows
 
 _TEXT = "The quick brown fox jumps over the lazy dog while the river runs quietly past the old mill."
 PREFIX_TOKENS = 24  # the context the calls are timed on: short, so a calibration stays well under a second
@@ -47,8 +49,9 @@ def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int],
 
 def timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool, filtered: bool = True) -> float:
     """Seconds of one call adding ``rows`` rows after ``prefix`` (one sequence, or ``rows``
-    beams of one token each), logits filtered as decoding does unless ``filtered`` is false; the
-    cells are dropped after."""
+    beams of one token each), logits filtered as decoding does unless ``filtered`` is false (a
+    verify's rows on their shared columns, beams' rows to their kept tokens); the cells are
+    dropped after."""
     sampling = SamplingConfig()
     batch = Batch()
     for i in range(rows):
@@ -59,7 +62,9 @@ def timed_rows(model: Backend, prefix: list[int], rows: int, as_beams: bool, fil
     t0 = time.perf_counter()
     logits = model.decode(batch)
     if filtered:
-        KeptRows.of(logits, sampling)
+        kept = KeptRows.of(logits, sampling)
+        if not as_beams:
+            Columns.shared(np.zeros(0, dtype=np.int64), kept)
     seconds = time.perf_counter() - t0
     for s in range(1, rows + 1 if as_beams else 1):
         model.rollback(s, 0)
