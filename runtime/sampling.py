@@ -91,10 +91,7 @@ def filtered_logprobs(logits: np.ndarray, cfg: Filter) -> np.ndarray:
         return out
     if not 0 < cfg.top_k < logits.shape[-1]:
         return _nucleus(log_softmax(logits.astype(np.float64) / cfg.temperature), cfg.top_p)
-    idx, kept = _top_k(logits, cfg)
-    out = np.full(logits.shape, NEG_INF)
-    np.put_along_axis(out, idx, kept, axis=-1)
-    return out
+    return KeptRows(*_top_k(logits, cfg), logits.shape[-1]).dense()
 
 
 def kept_logprobs(logits: np.ndarray, cfg: Filter) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -109,9 +106,10 @@ def kept_logprobs(logits: np.ndarray, cfg: Filter) -> Optional[tuple[np.ndarray,
 
 @dataclass(frozen=True)
 class KeptRows:
-    """Filtered log-probs of a few rows as the entries each keeps (``kept_logprobs``): ``ids``
-    (rows, k), ascending within a row, with ``logp`` beside them (top-p's drops -inf); or, with
-    ``ids`` None, ``logp`` is the whole (rows, V) of ``filtered_logprobs`` (top-k off, greedy)."""
+    """Filtered log-probs of a few rows as the entries each keeps: ``ids`` (rows, k), with
+    ``logp`` beside them (top-p's drops -inf; ``of`` lists them ascending, as ``kept_logprobs``);
+    or, with ``ids`` None, ``logp`` is the whole (rows, V) of ``filtered_logprobs`` (top-k off,
+    greedy)."""
 
     ids: Optional[np.ndarray]
     logp: np.ndarray
@@ -129,7 +127,7 @@ class KeptRows:
         """The rows over the whole vocabulary, as ``filtered_logprobs`` gives them."""
         if self.ids is None:
             return self.logp
-        out = np.full((len(self.logp), self.n_vocab), NEG_INF)
+        out = np.full((*self.logp.shape[:-1], self.n_vocab), NEG_INF)
         np.put_along_axis(out, self.ids, self.logp, axis=-1)
         return out
 
