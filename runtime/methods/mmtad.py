@@ -41,10 +41,10 @@ class MMTAD(Method):
         logits = verifier.logits(run.tokens, tree)  # row 0: the root
         greedy = run.sampling.greedy  # p one-hot: each row's argmax is all a rule needs
         if greedy:
-            p, vocab = np.argmax(logits, axis=-1), None
+            p = np.argmax(logits, axis=-1)
         else:
             cols = Columns.shared(paths, KeptRows.of(logits, run.sampling))
-            (p,), vocab = cols.rows, cols.vocab
+            (p,) = cols.rows
         call = Call(pending + len(tree), run.clock() - t0, tree=True)
         rows = tree.parent_rows()  # (n, gamma): the row predicting each beam token
         best = draft.best  # the final beams come first in paths
@@ -60,7 +60,7 @@ class MMTAD(Method):
                 logp_x[best], draft.logq_x, run.accept_threshold, None if bars is None else bars[best]
             )
         row = 1 + tree.node_of[b, k - 1] if k else 0
-        nxt = int(p[row]) if vocab is None else int(vocab[sample(p[row], run.rng)])
+        nxt = int(p[row]) if greedy else int(cols.vocab[sample(p[row], run.rng)])
         verifier.adopt(len(run.tokens), b, k, len(paths))
         nodes = [tree.depth.count(d) for d in range(1, paths.shape[1] + 1)]
         return StepResult(
