@@ -117,8 +117,17 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
     assert all(sorted(o) == [0, 1, 2] for o in orders)
     assert [tuple(run_order(3, r["seed"]).index(k) for k in range(3)) for r in runs[::3]] == orders
     assert len(res["sweep"]) == 4 and {s["beam_width"] for s in res["sweep"]} == {4, 2}
+    # Prompt lookup's ceiling, from what a lookup draft could keep at each position of ar's texts.
+    ceil = res["lookup_ceiling"]
+    for run in runs:
+        kept = run["lookup_kept"]
+        assert (kept is None) == (run["label"] != "ar")
+        if kept is not None:
+            assert len(kept) == run["generated"]
+            assert all(0 <= j <= min(ceil["gamma"], run["generated"] - i - 1) for i, j in enumerate(kept))
+    assert ceil["gamma"] == 8 and ceil["block_efficiency"] >= 1 and ceil["x_ar"] > 0
     md = (out / "report.md").read_text()
-    assert "| mtad |" in md and "MTAD sweep" in md
+    assert "| mtad |" in md and "MTAD sweep" in md and "Prompt lookup's ceiling on ar's texts" in md
     from mtad_edge.runtime.llama_cpp_backend import uses_amx
 
     machine = res["machine"]

@@ -79,6 +79,7 @@ def report_markdown(results: dict) -> str:
     lines += _paired_table(results.get("paired") or [])
     lines += _vocab_table(methods)
     lines += _drafters_table(methods)
+    lines += _lookup_line(results.get("lookup_ceiling"))
     native = results.get("native")
     if native:
         lines += [
@@ -339,6 +340,18 @@ def _drafters_table(methods: dict) -> list[str]:
             f"| {_fmt(ax['acceptance_rate'], '.1%')} |"
         )
     return lines
+
+
+def _lookup_line(ceil: Optional[dict]) -> list[str]:
+    """Prompt lookup's ceiling on ar's texts (bench/lookup.py), said as a bound, not a measurement."""
+    if not ceil:
+        return []
+    return [
+        "",
+        f"Prompt lookup's ceiling on ar's texts (drafts up to {ceil['gamma']}, no row rejected, priced by the "
+        f"learned costs): {ceil['block_efficiency']:.2f} tokens a step, {ceil['x_ar']:.2f}x ar at most; "
+        f"a lookup draft would keep a token at {ceil['keepable_share']:.0%} of positions.",
+    ]
 
 
 def _vocab_table(methods: dict) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.judge import Judge
+from mtad_edge.bench.lookup import keepable
 from mtad_edge.bench.quality import quality, run_counts
 from mtad_edge.bench.variants import Variant
 from mtad_edge.engine import Engine
@@ -169,6 +170,8 @@ def measure(
         **{k: extra[k] for k in CONTROLLER_KEYS + VOCAB_KEYS if extra.get(k) is not None},
         **run_counts(tokens),
         "tokens": tokens,
+        # On plain decoding's texts, what a lookup draft could keep at each position (bench/lookup.py).
+        "lookup_kept": keepable(response.prompt_ids, tokens, cfg.max_gamma) if cfg.method == "ar" else None,
     }
 
 

@@ -19,7 +19,7 @@ import click
 from click.core import ParameterSource
 
 from mtad_edge.bench import judge as judging
-from mtad_edge.bench import native, report
+from mtad_edge.bench import lookup, native, report
 from mtad_edge.bench.paired import paired
 from mtad_edge.bench.quality import frontier, resolution
 from mtad_edge.bench.run import (
@@ -291,6 +291,7 @@ def bench(
         "native": _native(llama_cpp_bin, paths, rendered, base, threads, tg_runs) if tg_runs else None,
         "sweep": sweep_rows or None,
         "learned_costs": _learned_costs(learned),
+        "lookup_ceiling": _lookup_ceiling(rows, learned, base.max_gamma),
         "runs": rows,
     }
     report.write_json(out, results)
@@ -364,6 +365,19 @@ def _native(bin_dir, paths, rendered, base, threads, tg_runs: list[dict]) -> dic
         "runs": runs,
     }
     return res
+
+
+def _lookup_ceiling(rows: list[dict[str, Any]], model: Model, gamma: int) -> Optional[dict[str, Any]]:
+    """Prompt lookup's ceiling on ar's texts (bench/lookup.py), priced by the learned costs: a
+    step keeping j drafted tokens costs a verify of 1 + j rows and a drafting step's overhead."""
+    if not model.target.known:
+        return None
+
+    def price(j: int) -> float:
+        return model.target(1 + j) + (model.draft_overhead if j else model.overhead)
+
+    found = lookup.ceiling([r for r in rows if r.get("label") == "ar"], price)
+    return {**found, "gamma": gamma} if found else None
 
 
 def _learned_costs(model: Model) -> dict[str, Any]:
