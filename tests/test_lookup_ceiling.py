@@ -45,7 +45,7 @@ def test_the_cheapest_cover_is_the_cheapest_of_all_step_choices(seed):
     assert (seconds, steps) == pytest.approx(_brute_force(kept, price))
 
 
-def test_the_ceiling_is_plain_decoding_where_nothing_is_keepable_and_free_rows_take_the_fewest_steps():
+def test_the_ceiling_is_plain_decoding_where_nothing_is_keepable_and_its_block_efficiency_the_fewest_steps():
     rows = [{"label": "ar", "lookup_kept": [0, 0, 0, 0]}]
     assert ceiling(rows, lambda j: 1.0 + j) == {"block_efficiency": 1.0, "x_ar": 1.0, "keepable_share": 0.0}
     rows = [{"label": "ar", "lookup_kept": [3, 2, 1, 0, 0, 1, 0]}, {"label": "ar", "lookup_kept": [1, 0]}]
@@ -53,8 +53,10 @@ def test_the_ceiling_is_plain_decoding_where_nothing_is_keepable_and_free_rows_t
     # Free rows: one step over the first four tokens, two over the last three; one over the second run.
     assert free["block_efficiency"] == pytest.approx(9 / 4) and free["x_ar"] == pytest.approx(9 / 4)
     assert free["keepable_share"] == pytest.approx(5 / 9)
-    dear = ceiling(rows, lambda j: 1.0 + 2.0 * j)  # a kept token costs more than a plain step
-    assert dear["x_ar"] == pytest.approx(1.0) and dear["block_efficiency"] == pytest.approx(1.0)
+    # Where a kept token costs more than a plain step, drafting cannot pay: the cheapest steps are
+    # plain ones. The most tokens a step do not depend on the price.
+    dear = ceiling(rows, lambda j: 1.0 + 2.0 * j)
+    assert dear["x_ar"] == pytest.approx(1.0) and dear["block_efficiency"] == free["block_efficiency"]
     assert ceiling([{"label": "ar", "lookup_kept": None}], lambda j: 1.0) is None
 
 

@@ -52,21 +52,20 @@ def cheapest_cover(kept: Sequence[int], price: Callable[[int], float]) -> tuple[
 
 
 def ceiling(rows: list[dict[str, Any]], price: Callable[[int], float]) -> Optional[dict[str, float]]:
-    """Lookup's ceiling over the ``ar`` runs that carry ``lookup_kept``: tokens a step and speed
-    over ``ar``, both priced by ``price(j)`` (seconds of a step that keeps j drafted tokens; j =
-    0 is a plain step). None without such runs."""
-    runs = [r for r in rows if r.get("lookup_kept") is not None]
-    if not runs:
+    """Lookup's ceiling over the ``ar`` runs that carry ``lookup_kept``: ``block_efficiency``, the
+    most tokens a step any policy keeps (the fewest steps: the speed-up bound where a verify's rows
+    cost what one row does), ``x_ar``, the most speed over ``ar`` with steps priced by ``price(j)``
+    (seconds of a step that keeps j drafted tokens; j = 0 is a plain step), and
+    ``keepable_share``, the share of positions where a lookup draft keeps anything. None without
+    such runs."""
+    runs = [r["lookup_kept"] for r in rows if r.get("lookup_kept") is not None]
+    generated = sum(len(kept) for kept in runs)
+    if not generated:
         return None
-    generated = sum(len(r["lookup_kept"]) for r in runs)
-    seconds, steps = 0.0, 0
-    for r in runs:
-        s, k = cheapest_cover(r["lookup_kept"], price)
-        seconds, steps = seconds + s, steps + k
-    if not generated or seconds <= 0:
-        return None
+    steps = sum(cheapest_cover(kept, lambda j: 1.0)[1] for kept in runs)
+    seconds = sum(cheapest_cover(kept, price)[0] for kept in runs)
     return {
         "block_efficiency": generated / steps,
         "x_ar": generated * price(0) / seconds,
-        "keepable_share": sum(j > 0 for r in runs for j in r["lookup_kept"]) / generated,
+        "keepable_share": sum(j > 0 for kept in runs for j in kept) / generated,
     }

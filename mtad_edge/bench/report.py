@@ -348,9 +348,10 @@ def _lookup_line(ceil: Optional[dict]) -> list[str]:
         return []
     return [
         "",
-        f"Prompt lookup's ceiling on ar's texts (drafts up to {ceil['gamma']}, no row rejected, priced by the "
-        f"learned costs): {ceil['block_efficiency']:.2f} tokens a step, {ceil['x_ar']:.2f}x ar at most; "
-        f"a lookup draft would keep a token at {ceil['keepable_share']:.0%} of positions.",
+        f"Prompt lookup's ceiling on ar's texts (drafts up to {ceil['gamma']}, no row rejected): at most "
+        f"{ceil['block_efficiency']:.2f} tokens a step, so at most {ceil['block_efficiency']:.2f}x ar even where a "
+        f"verify's rows cost what one does; at the learned costs, {ceil['x_ar']:.2f}x ar at most. A lookup draft "
+        f"would keep a token at {ceil['keepable_share']:.0%} of positions.",
     ]
 
 
