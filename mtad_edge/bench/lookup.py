@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
+from mtad_edge.runtime.backend import common_prefix
 from mtad_edge.runtime.ngram import NgramDrafter
 
 
@@ -26,12 +27,7 @@ def keepable(prompt: Sequence[int], tokens: Sequence[int], gamma: int) -> list[i
     kept = []
     for i in range(len(tokens)):
         draft = drafter.propose(context, gamma)
-        j = 0
-        if draft is not None:
-            ahead = tokens[i : i + len(draft)]
-            while j < len(ahead) and int(draft[j]) == int(ahead[j]):
-                j += 1
-        kept.append(j)
+        kept.append(0 if draft is None else common_prefix(draft.tolist(), tokens[i : i + len(draft)]))
         context.append(int(tokens[i]))
     return kept
 
