@@ -36,7 +36,7 @@ from mtad_edge.bench.run import (
 from mtad_edge.bench.variants import Variant, expand
 from mtad_edge.bench.variants import capacity as variant_capacity
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
-from mtad_edge.runtime.controller import Model
+from mtad_edge.runtime.controller import Controller, Model
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.llama_cpp_backend import default_threads, uses_amx
 from mtad_edge.runtime.methods import names as method_names
@@ -368,15 +368,12 @@ def _native(bin_dir, paths, rendered, base, threads, tg_runs: list[dict]) -> dic
 
 
 def _lookup_ceiling(rows: list[dict[str, Any]], model: Model, gamma: int) -> Optional[dict[str, Any]]:
-    """Prompt lookup's ceiling on ar's texts (bench/lookup.py), priced by the learned costs: a
-    step keeping j drafted tokens costs a verify of 1 + j rows and a drafting step's overhead."""
+    """Prompt lookup's ceiling on ar's texts (bench/lookup.py), a step keeping j drafted tokens
+    priced as lookup's own controller prices a draft of j (on a copy: no acceptance is touched)."""
     if not model.target.known:
         return None
-
-    def price(j: int) -> float:
-        return model.target(1 + j) + (model.draft_overhead if j else model.overhead)
-
-    found = lookup.ceiling([r for r in rows if r.get("label") == "ar"], price)
+    controller = Controller(model.copy(frozen=True), "lookup ceiling", range(0, gamma + 1), [1], tree=False, free=True)
+    found = lookup.ceiling([r for r in rows if r.get("label") == "ar"], lambda j: controller.step_seconds(j, 1))
     return {**found, "gamma": gamma} if found else None
 
 
