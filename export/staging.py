@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.store import make_folder
 
 FROM_TARGET = "from-target"
 Progress = Callable[[str], None]
@@ -47,7 +48,7 @@ def preflight(
 @contextmanager
 def staging(out: Path) -> Iterator[Path]:
     """A scratch folder inside ``out`` (same filesystem, so moves are renames), always removed."""
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "the output folder")
     stage = out / f".export-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()

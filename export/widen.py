@@ -32,7 +32,7 @@ import numpy as np
 from mtad_edge.pairs import quantize
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.gguf_header import BLOCK_MATRICES, read_header
-from mtad_edge.store import drop, finish, sha256_file, tmp_name
+from mtad_edge.store import drop, finish, make_folder, sha256_file, tmp_name
 
 from .staging import Progress, publish, staging
 
@@ -223,7 +223,7 @@ def _metadata(reader: Any, writer: Any, k: int, src: Path, parameters: int) -> N
 
 
 def _check_space(folder: Path, nbytes: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, "the output folder")
     free = shutil.disk_usage(folder).free
     if free < nbytes:
         raise MtadEdgeError(f"{folder} has {free / 1e9:.1f} GB free; the stand-in needs {nbytes / 1e9:.1f} GB")

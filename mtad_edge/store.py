@@ -159,6 +159,16 @@ def finish(tmp: Path, dest: Path) -> str:
         raise MtadEdgeError(f"cannot stamp {dest.name} in {dest.parent}: {os_error(e)}; removed it") from None
 
 
+def make_folder(folder: Path, what: str) -> Path:
+    """``folder`` and its parents, made where missing; one that cannot be made is a one-line error
+    naming ``what`` (a user's output folder, before any work goes into it)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MtadEdgeError(f"cannot make {what} {folder}: {os_error(e)}") from None
+    return folder
+
+
 def os_error(e: OSError) -> str:
     """An OSError in words, naming a full disk as such."""
     if e.errno == errno.ENOSPC:

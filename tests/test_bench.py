@@ -747,3 +747,13 @@ def test_the_controllers_forecast_is_pooled_and_compared_repeat_by_repeat():
         assert agg[label]["predicted_tokens_per_s"] == pytest.approx(statistics.median(pooled))
         assert agg[label]["predicted_over_realised"] == pytest.approx(statistics.median(ratio))
         assert agg[label]["tokens_per_s_repeats"] == pytest.approx([f / r for f, r in zip(pooled, ratio)])
+
+
+def test_an_output_folder_that_cannot_be_made_is_a_one_line_error_before_any_run(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = CliRunner().invoke(cli, ["bench", "--methods", "ar", "--max-tokens", "1", "--out", str(blocker / "o")])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: cannot make the output folder"), r.stderr
+    assert "Not a directory" in lines[0] and blocker.read_text() == ""

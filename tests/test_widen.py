@@ -91,6 +91,19 @@ def test_bad_input_is_one_line_from_the_cli(gemma_files, smol_files, tmp_path):
         assert "Traceback" not in r.output and not dest.exists()  # checked before anything is written
 
 
+@pytest.mark.slow  # the real SmolLM2 files' headers
+def test_an_output_folder_that_cannot_be_made_is_a_one_line_error(smol_files, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = ["export", "widen", "--target", str(smol_files.target), "--aux", str(smol_files.aux), "--factor", "2"]
+    r = CliRunner().invoke(cli, [*args, "--out", str(blocker / "x2")])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: cannot make the output folder"), r.stderr
+    with pytest.raises(MtadEdgeError, match="^cannot make the output folder [^\n]*Not a directory"):
+        export_standin(StandinExport(smol_files.target, 2, blocker / "x2", smol_files.aux))
+
+
 @pytest.mark.slow
 def test_bad_input_raises_from_the_api(gemma_files, smol_files, tmp_path):
     for src, k, dest, needle in bad_inputs(tmp_path, gemma_files.target, smol_files.aux):

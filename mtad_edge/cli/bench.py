@@ -18,6 +18,7 @@ from typing import Any, Optional
 import click
 from click.core import ParameterSource
 
+from mtad_edge import store
 from mtad_edge.bench import judge as judging
 from mtad_edge.bench import lookup, native, report
 from mtad_edge.bench.paired import paired
@@ -201,7 +202,7 @@ def bench(
     )
     engine_methods = list(dict.fromkeys([v.method for v in variants] + (["mtad"] if points else [])))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    store.make_folder(out, "the output folder")
     total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
     with model.engine(base, engine_methods, capacity) as engine, contextlib.ExitStack() as stack:
         rendered = [render(engine, item) for item in prompts]
@@ -320,7 +321,7 @@ def _curve(dirs: tuple[str, ...], out: Path) -> None:
             runs.append(json.loads(path.read_text()))
         except (OSError, ValueError) as e:
             raise MtadEdgeError(f"cannot read {path}: {e}") from None
-    out.mkdir(parents=True, exist_ok=True)
+    store.make_folder(out, "the output folder")
     md = report.size_curve_markdown(runs)
     (out / "sizes.md").write_text(md)
     png = report.plot_sizes(out, runs)
