@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -279,3 +280,23 @@ def test_readme_first_command_runs_without_the_optional_extras(smol_files):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["stats"]["method"] == "mtad" and out["tokens"] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_serve_binds_its_port_before_loading_anything(monkeypatch, taken):
+    pytest.importorskip("uvicorn")
+    from mtad_edge.cli.options import ModelChoice
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded the models before binding the port")
+
+    monkeypatch.setattr(ModelChoice, "engine", no_load)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        host = "127.0.0.1" if taken else "no-such-host.invalid"
+        r = CliRunner().invoke(cli, ["serve", "--host", host, "--port", str(port)])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: cannot listen on {host} port {port}: "), r.stderr

@@ -3,8 +3,8 @@
 import http.client
 import json
 import os
+import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -19,22 +19,15 @@ pytestmark = pytest.mark.slow
 KEY = "test-key"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(smol_files):
-    port = free_port()
     exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     proc = subprocess.Popen(
         [
             exe,
             "serve",
             "--port",
-            str(port),
+            "0",  # the system picks a free port, and the server names it
             "--api-key",
             KEY,
             "--queue-size",
@@ -53,6 +46,12 @@ def server(smol_files):
         text=True,
         env=dict(os.environ),
     )
+    said = ""
+    while (line := proc.stderr.readline()) and not (found := re.search(r"on http://127\.0\.0\.1:(\d+)/v1 ", line)):
+        said += line
+    if not line:
+        pytest.fail(f"server exited: {said}{proc.stderr.read()}")
+    port = int(found.group(1))
     deadline = time.time() + 120
     while time.time() < deadline:
         try:

@@ -90,8 +90,14 @@ def serve(
 
     connections.ensure_descriptors(max_connections)
     cfg = decode_config(**decode)
+    sock = connections.listening_socket(host, port)
+    port = sock.getsockname()[1]  # --port 0: the one the system chose
     interrupts.hold()  # a signal during the load ends the command once it is loaded
-    engine = model.engine(cfg)
+    try:
+        engine = model.engine(cfg)
+    except BaseException:
+        sock.close()
+        raise
     try:
         if interrupts.code:
             return
@@ -124,8 +130,9 @@ def serve(
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
         click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method})", err=True)
-        Server(config).run()  # uvicorn handles the signals while it runs, then hands them on to ours
+        Server(config).run(sockets=[sock])  # uvicorn handles the signals while it runs, then hands them on to ours
         runs.close()
     finally:
+        sock.close()
         engine.close()
     interrupts.hard_exit = True  # models freed: see signals.Interrupts.finish

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from typing import Any, Optional
 
@@ -124,6 +125,23 @@ def ensure_descriptors(max_connections: int) -> None:
             f"--max-connections {max_connections} needs {need} open files, and this process may open {soft} "
             f"(ulimit -n): give --max-connections {max(1, soft - FD_RESERVE)} or less"
         )
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the models load (as uvicorn binds it: IPv6 where the host
+    has a colon, SO_REUSEADDR), so a port in use or a bad host is a one-line error at once, not
+    after a load of seconds or minutes."""
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    sock = socket.socket(family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise MtadEdgeError(f"cannot listen on {host} port {port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop, refusals: Refusals) -> None:
