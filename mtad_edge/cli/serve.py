@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from types import FrameType
 from typing import Any, Optional
 
@@ -90,15 +91,11 @@ def serve(
 
     connections.ensure_descriptors(max_connections)
     cfg = decode_config(**decode)
-    sock = connections.listening_socket(host, port)
-    port = sock.getsockname()[1]  # --port 0: the one the system chose
-    interrupts.hold()  # a signal during the load ends the command once it is loaded
-    try:
-        engine = model.engine(cfg)
-    except BaseException:
-        sock.close()
-        raise
-    try:
+    with contextlib.ExitStack() as stack:  # the engine closes first, then the socket
+        sock = stack.enter_context(connections.listening_socket(host, port))
+        port = sock.getsockname()[1]  # --port 0: the one the system chose
+        interrupts.hold()  # a signal during the load ends the command once it is loaded
+        engine = stack.enter_context(model.engine(cfg))
         if interrupts.code:
             return
         model_name = model_name or model.label
@@ -132,7 +129,4 @@ def serve(
         click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method})", err=True)
         Server(config).run(sockets=[sock])  # uvicorn handles the signals while it runs, then hands them on to ours
         runs.close()
-    finally:
-        sock.close()
-        engine.close()
     interrupts.hard_exit = True  # models freed: see signals.Interrupts.finish
