@@ -47,8 +47,11 @@ def server(smol_files):
         env=dict(os.environ),
     )
     said = ""
+    watchdog = threading.Timer(120, proc.kill)  # a load that hangs ends the read below at EOF
+    watchdog.start()
     while (line := proc.stderr.readline()) and not (found := re.search(r"on http://127\.0\.0\.1:(\d+)/v1 ", line)):
         said += line
+    watchdog.cancel()
     if not line:
         pytest.fail(f"server exited: {said}{proc.stderr.read()}")
     port = int(found.group(1))
