@@ -112,9 +112,11 @@ def _shown(v: Any) -> str:
 def _is_number(v: Any, integral: bool) -> bool:
     if isinstance(v, bool):
         return False
-    if integral:
+    # An int is taken as it is: one past float's range (10**400 in a request) is then out of every
+    # float option's range, where math.isfinite raised OverflowError (a 500 from the server).
+    if integral or isinstance(v, int):
         return isinstance(v, int)
-    return isinstance(v, (int, float)) and math.isfinite(v)
+    return isinstance(v, float) and math.isfinite(v)
 
 
 TREES = ("final", "full")
