@@ -37,14 +37,17 @@ QUOTE_MAX = 60
 
 
 def quoted(value: Any, bare: bool = False) -> str:
-    """``value`` as an error message quotes it: its repr (``bare``: a string as it is), cut to
+    """``value`` as an error message quotes it: its repr (``bare``: a printable string as it is), cut to
     about QUOTE_MAX characters and followed by its length when it was longer. Cheap and safe for
     any input: a long string is never copied whole, a deeply nested list is shown a few levels deep."""
     if isinstance(value, str):
-        if len(value) <= QUOTE_MAX:
-            return value if bare else repr(value)
         head = value[:QUOTE_MAX]
-        return f"{head if bare else repr(head)[:-1]}... ({len(value)} characters)"
+        # Bare text keeps its characters, but a newline or a lone surrogate ("\ud800" in JSON) is
+        # escaped as repr does: the message stays one line, and a server's reply can be encoded.
+        head = (head if head.isprintable() else repr(head)[1:-1]) if bare else repr(head)
+        if len(value) <= QUOTE_MAX:
+            return head
+        return f"{head if bare else head[:-1]}... ({len(value)} characters)"
     text = _REPR.repr(value)
     if len(text) > 2 * QUOTE_MAX:
         text = text[: 2 * QUOTE_MAX] + "..."

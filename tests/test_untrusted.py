@@ -144,6 +144,27 @@ def test_errors_quote_a_long_bad_value_as_a_prefix_and_its_length():
         assert len(str(e)) < 300 and re.search(r"45000\d characters", str(e)), str(e)[:400]
 
 
+def test_a_field_name_or_model_with_a_lone_surrogate_or_a_newline_is_a_4xx_not_a_500():
+    """JSON's "\\ud800" is a lone surrogate: echoed as it was into the error, the reply could not be
+    encoded as UTF-8 and the server answered 500 (a newline made a two-line message)."""
+    from helpers import Served
+    from mtad_edge.runtime.errors import quoted
+
+    assert quoted("a\nb", bare=True) == "a\\nb" and quoted("caf\u00e9 x", bare=True) == "caf\u00e9 x"
+    served = Served(fake_engine())
+    try:
+        for raw, status, shown in (
+            (b'{"prompt": "hi", "\\ud800x": 1}', 400, "\\ud800x"),
+            (b'{"prompt": "hi", "model": "\\ud800"}', 404, "\\ud800"),
+            (b'{"prompt": "hi", "a\\nb": 1}', 400, "a\\nb"),
+        ):
+            got, body = served.post(raw)
+            message = body["error"]["message"]
+            assert got == status and shown in message and "\n" not in message, (got, body)
+    finally:
+        served.close()
+
+
 # -- 8. a manifest is checked whole when it is loaded: one line naming the bad field ----------------
 GOOD = {
     "schema": 1,
