@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mtad_edge.pairs import quantize
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.pairs import CONTEXT_SIZE_MAX, quantize
+from mtad_edge.runtime.errors import MtadEdgeError, quoted
 from mtad_edge.runtime.gguf_header import BLOCK_MATRICES, read_header
 from mtad_edge.store import drop, finish, make_folder, sha256_file, tmp_name
 
@@ -41,6 +41,12 @@ OUTTYPES = ("f16", "q8_0")
 _BLOCK_VECTORS = ("attn_norm", "ffn_norm")
 _WIDENABLE = {"F16", "F32", "BF16"}
 _FACTOR_KEY, _SOURCE_KEY = "mtad_edge.widen.factor", "mtad_edge.widen.source"
+# The widths that grow k times (head and RoPE dimensions do not); all but head_count_kv are required.
+_SCALED = ("llama.embedding_length", "llama.feed_forward_length", "llama.attention.head_count")
+_SCALED_KV = "llama.attention.head_count_kv"
+# GGUF's integer value types (by GGUFValueType value) and the values each holds.
+_INT_RANGES = {0: (0, 2**8 - 1), 1: (-(2**7), 2**7 - 1), 2: (0, 2**16 - 1), 3: (-(2**15), 2**15 - 1)}
+_INT_RANGES |= {4: (0, 2**32 - 1), 5: (-(2**31), 2**31 - 1), 10: (0, 2**64 - 1), 11: (-(2**63), 2**63 - 1)}
 
 
 @dataclass(frozen=True)
@@ -173,9 +179,7 @@ def _plan(reader: Any, src: Path, k: int) -> list[_Plan]:
             f"{src.name} has {', '.join(odd)} tensors: widen needs F16, F32 or BF16 weights (quantized ones cannot "
             "be widened exactly); widen the F16 model and quantize the result (--outtype q8_0)"
         )
-    for key in ("embedding_length", "feed_forward_length", "attention.head_count"):
-        if f"llama.{key}" not in reader.fields:
-            raise MtadEdgeError(f"{src.name} has no llama.{key} in its metadata")
+    _check_metadata(reader, src, k)
     plans = []
     for t in reader.tensors:
         plans.append(_widen_tensor(t.name, _shape(t), _loader(t), k))
@@ -184,6 +188,41 @@ def _plan(reader: Any, src: Path, k: int) -> list[_Plan]:
     if not any(p.name == "token_embd.weight" for p in plans):
         raise MtadEdgeError(f"{src.name} has no token_embd.weight")
     return plans
+
+
+def _check_metadata(reader: Any, src: Path, k: int) -> None:
+    """The KV fields widen reads, checked before anything is written: a width that is not an integer
+    (a string, a string array), or that k times over no longer fits its type, was a traceback midway."""
+    from gguf import GGUFValueType
+
+    for key in (*_SCALED, _SCALED_KV):
+        if key in reader.fields:
+            _integers(reader.fields[key], src, k, per_layer=True)
+        elif key != _SCALED_KV:
+            raise MtadEdgeError(f"{src.name} has no {key} in its metadata")
+    if _FACTOR_KEY in reader.fields:  # a stand-in widened again: the factor is written as a UINT32
+        _integers(reader.fields[_FACTOR_KEY], src, k, fits=2**32 - 1)
+        source = reader.fields.get(_SOURCE_KEY)
+        if source is None or source.types != [GGUFValueType.STRING]:
+            raise MtadEdgeError(f"{src.name}: {_FACTOR_KEY} needs {_SOURCE_KEY}, a string, beside it")
+
+
+def _integers(field: Any, src: Path, k: int, per_layer: bool = False, fits: int = 2**64) -> None:
+    """``field`` is a non-negative integer (``per_layer``: or an array of them) that k times over
+    still fits its type and ``fits``; else one line naming it."""
+    from gguf import GGUFValueType
+
+    types = [int(t) for t in field.types]
+    if per_layer and len(types) == 2 and types[0] == GGUFValueType.ARRAY:
+        types = types[1:]
+    bounds = _INT_RANGES.get(types[0]) if len(types) == 1 else None
+    values = field.contents() if bounds else None
+    values = values if isinstance(values, list) else [values]
+    if bounds is None or not all(0 <= v * k <= min(bounds[1], fits) for v in values):
+        what = "a non-negative integer" + (" (or one per layer)" if per_layer else "")
+        raise MtadEdgeError(
+            f"{src.name}: {field.name} must be {what} that fits its type {k} times over, got {quoted(field.contents())}"
+        )
 
 
 def _scaled(value: Any, k: int) -> Any:
@@ -199,8 +238,7 @@ def _metadata(reader: Any, writer: Any, k: int, src: Path, parameters: int) -> N
     are unchanged), the file type F16 and the widening recorded."""
     from gguf import GGUFValueType
 
-    scaled = {f"llama.{key}" for key in ("embedding_length", "feed_forward_length")}
-    scaled |= {f"llama.attention.{key}" for key in ("head_count", "head_count_kv")}
+    scaled = {*_SCALED, _SCALED_KV}
     factor, source = k, src.name
     if _FACTOR_KEY in reader.fields:  # a stand-in widened again: the factor from the original
         factor *= int(reader.fields[_FACTOR_KEY].contents())
@@ -211,10 +249,10 @@ def _metadata(reader: Any, writer: Any, k: int, src: Path, parameters: int) -> N
         value, vtype, sub_type = kv_entry(field)
         if key in scaled:
             value = _scaled(value, k)
-        elif key == "general.file_type":
-            value = 1  # LLAMA_FTYPE_MOSTLY_F16: every matrix is F16, vectors F32
+        elif key == "general.file_type":  # written with its own type, whatever type the source gave it
+            value, vtype = 1, GGUFValueType.UINT32  # LLAMA_FTYPE_MOSTLY_F16: every matrix is F16, vectors F32
         elif key == "general.size_label":
-            value = _label(parameters).encode()
+            value, vtype = _label(parameters).encode(), GGUFValueType.STRING
         elif key == "general.alignment":
             writer.data_alignment = int(value)
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
@@ -326,6 +364,17 @@ def standin_job(
     return StandinExport(pair.target, factor, Path(out), resolve(aux=aux).aux if aux else pair.aux, **options)
 
 
+def _vocab_size(reader: Any) -> Optional[int]:
+    """The manifest's vocab_size: llama.vocab_size where it is an integer the schema takes (a string
+    there was a traceback), else the number of token texts; None when neither is."""
+    vocab = reader.fields.get("llama.vocab_size")
+    value = vocab.contents() if vocab is not None and len(vocab.types) == 1 and vocab.types[0] in _INT_RANGES else None
+    if isinstance(value, int) and 1 <= value <= CONTEXT_SIZE_MAX:
+        return value
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    return (len(tokens.data) or None) if tokens is not None else None
+
+
 def _link_or_copy(src: Path, dest: Path) -> None:
     try:
         os.link(src, dest)
@@ -343,9 +392,7 @@ def export_standin(job: StandinExport, say: Progress = lambda s: None) -> Path:
     reader = _read(src)
     plans = _plan(reader, src, job.factor)  # the source's checks, before the aux and the output's
     source_name = src.name
-    vocab = reader.fields.get("llama.vocab_size")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab_size = int(vocab.contents()) if vocab else len(tokens.data) if tokens else None
+    vocab_size = _vocab_size(reader)
     if job.aux is None:
         raise MtadEdgeError("a stand-in pair needs an aux: give a pair as --target, or --aux PATH")
     aux = Path(job.aux)

@@ -145,3 +145,82 @@ def test_q8_0_standin_is_the_original_q8_0_widened(smol_files, tmp_path):
         copy = w[:rows, :cols]
         assert (w == np.tile(copy, (w.shape[0] // rows, 2))).all()
         assert np.abs(copy * 2 - source).max() <= np.abs(source).max() / 127
+
+
+# -- crafted GGUFs: metadata of the wrong type is one line before anything is written ------------------
+def tiny_llama(path: Path, kv: dict, skip: tuple = ()) -> Path:
+    """A one-block Llama GGUF 8 wide (2 heads) with the KV fields ``kv`` ({key: (value, GGUFValueType)})
+    over the usual ones, and the keys in ``skip`` left out."""
+    from gguf import GGUFValueType as T
+    from gguf import GGUFWriter
+
+    e, f = 8, 16
+    fields = {"embedding_length": e, "feed_forward_length": f, "attention.head_count": 2}
+    fields |= {"attention.head_count_kv": 2, "block_count": 1, "rope.dimension_count": 4}
+    fields = {f"llama.{k}": (v, T.UINT32) for k, v in fields.items()} | kv
+    w = GGUFWriter(path, "llama")
+    for key, (value, vtype) in fields.items():
+        if key not in skip:
+            w.add_key_value(key, value, vtype, sub_type=T.STRING if vtype == T.ARRAY else None)
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "c", "d"])
+    mats = {"attn_q": (e, e), "attn_k": (e, e), "attn_v": (e, e), "attn_output": (e, e)}
+    mats |= {"ffn_gate": (f, e), "ffn_up": (f, e), "ffn_down": (e, f)}
+    w.add_tensor("token_embd.weight", np.ones((4, e), np.float16))
+    for name, shape in mats.items():
+        w.add_tensor(f"blk.0.{name}.weight", np.ones(shape, np.float16))
+    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+        w.add_tensor(name, np.ones(e, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "kv,needle",
+    [
+        ({"llama.embedding_length": ("eight", "STRING")}, "llama.embedding_length must be a non-negative integer"),
+        ({"llama.attention.head_count": ("2", "STRING")}, "llama.attention.head_count must be"),
+        ({"llama.attention.head_count_kv": (["a"], "ARRAY")}, "llama.attention.head_count_kv must be"),
+        ({"llama.feed_forward_length": (-16, "INT32")}, "got -16"),
+        ({"llama.embedding_length": (2**63, "UINT64")}, "fits its type 2 times over"),  # a struct.error before
+        ({"mtad_edge.widen.factor": (2, "UINT32")}, "needs mtad_edge.widen.source, a string"),  # a KeyError before
+        ({"mtad_edge.widen.factor": ("2", "STRING"), "mtad_edge.widen.source": ("x", "STRING")}, "factor must be"),
+    ],
+)
+def test_metadata_of_the_wrong_type_is_one_line_before_anything_is_written(tmp_path, kv, needle):
+    """Each of these was a ValueError, TypeError, KeyError or struct.error traceback midway through."""
+    from gguf import GGUFValueType
+
+    kv = {k: (v, GGUFValueType[t]) for k, (v, t) in kv.items()}
+    src = tiny_llama(tmp_path / "src.gguf", kv)
+    with pytest.raises(MtadEdgeError, match="^[^\n]*$") as e:
+        export_standin(StandinExport(src, 2, tmp_path / "out", src))
+    assert needle in str(e.value) and not (tmp_path / "out").exists(), str(e.value)
+    r = CliRunner().invoke(
+        cli, ["export", "widen", "--target", str(src), "--aux", str(src), "--factor", "2", "--out", str(tmp_path / "o")]
+    )
+    assert r.exit_code == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+def test_keys_widen_rewrites_are_written_with_their_own_types(tmp_path, monkeypatch):
+    """general.file_type given as a string made GGUFWriter fail (a TypeError); a string vocab_size failed
+    as int() did. Now the file type is written as a UINT32 and the manifest counts the token texts."""
+    from gguf import GGUFReader
+    from gguf import GGUFValueType as T
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
+    kv = {
+        "general.file_type": ("F16", T.STRING),
+        "general.size_label": (7, T.UINT32),
+        "llama.vocab_size": ("x", T.STRING),
+    }
+    manifest = export_standin(
+        StandinExport(tiny_llama(tmp_path / "src.gguf", kv), 2, tmp_path / "out", tmp_path / "src.gguf")
+    )
+    data = json.loads(manifest.read_text())
+    assert data["vocab_size"] == 4 and load_manifest(manifest).data["vocab_size"] == 4
+    fields = GGUFReader(tmp_path / "out" / data["target"]["file"]).fields
+    assert fields["general.file_type"].contents() == 1 and fields["llama.embedding_length"].contents() == 16
+    assert isinstance(fields["general.size_label"].contents(), str)
