@@ -24,6 +24,7 @@ MAX_KEY = 1 << 16  # bytes in a key; the one value read as text (the architectur
 _VERSIONS = (2, 3)  # version 1 used 32-bit counts; llama.cpp no longer reads it
 _SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
 _STRING, _ARRAY = 8, 9
+_INTS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}  # integer value type -> format
 _ARCH_KEY = "general.architecture"
 # A Llama-layout block's projection matrices: blk.N.<name>.weight
 BLOCK_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -113,15 +114,48 @@ def read_header(path: Path) -> Optional[Header]:
         return None
 
 
-def _parse(r: _Reader) -> Optional[Header]:
-    if bytes(r.buf[:4]) != b"GGUF":
+def read_block_count(path: Path) -> Optional[int]:
+    """The ``<architecture>.block_count`` the GGUF at ``path`` declares, when it is an integer; None
+    where it has none or the header is not one this reader takes. The KV pairs are read only up to
+    it (the token arrays after it are never walked)."""
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _block_count(_Reader(buf))
+    except (OSError, ValueError, _Bad, struct.error):
         return None
+
+
+def _block_count(r: _Reader) -> Optional[int]:
+    counts: dict[str, int] = {}
+    arch = None
+    for _ in range(_counts(r)[1]):
+        key, vtype = r.string(MAX_KEY), r.take("<I")
+        if key.endswith(".block_count") and vtype in _INTS:
+            counts[key] = r.take(_INTS[vtype])
+        elif key == _ARCH_KEY:
+            arch = r.value(vtype, text=True)
+        else:
+            r.value(vtype)
+        if arch is not None and f"{arch}.block_count" in counts:
+            break
+    return counts.get(f"{arch}.block_count")
+
+
+def _counts(r: _Reader) -> tuple[int, int]:
+    """The header's tensor and KV counts, past the magic and version; _Bad where either is not taken."""
+    if bytes(r.buf[:4]) != b"GGUF":
+        raise _Bad
     r.skip(4)
     if r.take("<I") not in _VERSIONS:
-        return None
+        raise _Bad
     n_tensors, n_kv = r.take("<Q"), r.take("<Q")
     if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
-        return None
+        raise _Bad
+    return n_tensors, n_kv
+
+
+def _parse(r: _Reader) -> Optional[Header]:
+    n_tensors, n_kv = _counts(r)
     arch = ""
     for _ in range(n_kv):
         key = r.string(MAX_KEY)

@@ -23,7 +23,7 @@ import numpy as np
 from .amx import VerdictStore, amx_works
 from .backend import Batch, VocabInfo, check_trained_context
 from .errors import ModelLoadError, MtadEdgeError
-from .gguf_header import read_header
+from .gguf_header import read_block_count, read_header
 from .repack import REPACK_BUFFER, Overrides, amx_kinds, placements
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -125,6 +125,19 @@ def _check_gguf_file(path: Path) -> None:
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
 
 
+LLAMA_MAX_LAYERS = 512  # llama.cpp's bound on a model's layers
+
+
+def _check_layers(path: Path) -> None:
+    """A block_count llama.cpp takes: on 0 or over LLAMA_MAX_LAYERS it aborts the whole process
+    (GGML_ASSERT) while loading, so the GGUF's own count is read first."""
+    n = read_block_count(path)
+    if n is not None and not 1 <= n <= LLAMA_MAX_LAYERS:
+        raise ModelLoadError(
+            f"{path} is not a usable model: it declares {n} layers (block_count; 1..{LLAMA_MAX_LAYERS})"
+        )
+
+
 def _physical_memory() -> int:
     """Bytes of physical memory, 0 when the platform does not say."""
     try:
@@ -204,6 +217,7 @@ class LlamaCppBackend:
         self._model = self._ctx = None
         self._batch: Optional[_BatchBuffer] = None
         _check_gguf_file(self.path)
+        _check_layers(self.path)
         quiet_llama_logs()
 
         _Log.recent.clear()

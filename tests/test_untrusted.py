@@ -422,6 +422,33 @@ def test_a_gguf_whose_weights_are_random_bytes_is_a_one_line_load_error(smol_fil
     ]
 
 
+@pytest.mark.slow  # copies SmolLM2's aux (92 MB); before the fix llama.cpp loaded it
+@pytest.mark.parametrize("layers", [0, 513])
+def test_a_gguf_with_a_layer_count_llama_cpp_aborts_on_is_a_one_line_error(smol_files, tmp_path, layers):
+    """block_count 0 or over 512: llama.cpp's GGML_ASSERT aborted the process (SIGABRT, a gdb backtrace)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gguf import GGUFReader
+
+    from mtad_edge.runtime.gguf_header import read_block_count
+
+    model = tmp_path / "m.gguf"
+    shutil.copyfile(smol_files.aux, model)
+    field = GGUFReader(model, "r+").fields["llama.block_count"]
+    field.parts[field.data[0]][0] = layers  # in place, through the reader's writable memory map
+    del field
+    assert read_block_count(model) == layers and read_block_count(smol_files.aux) == 30
+    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
+    args = ["generate", "--target", str(model), "--method", "ar", "--max-tokens", "2", "--ctx-size", "64", "Hi"]
+    r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"Error: {model} is not a usable model: it declares {layers} layers (block_count; 1..512)"
+    ], (r.returncode, r.stderr[-1000:])
+
+
 # -- 11. a full disk and a killed derivation leave nothing that makes the next run fail ------------
 def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(tmp_path, monkeypatch):
     """An unstamped file used to stay behind: it was derived again at every run and its bytes kept
