@@ -67,6 +67,8 @@ def test_cli_api_and_server_say_the_same_words(server, name, value, typed):
         ("stop", 5),
         ("top_k", True),
         ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop", 0),  # falsy: the server read it as no stop strings (a 200)
+        ("stop", False),
         # ints past float's range: an OverflowError (the server's 500) before
         pytest.param("temperature", 10**400, id="temperature-10**400"),
         pytest.param("top_p", -(10**400), id="top_p--10**400"),

@@ -108,7 +108,8 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
     if logprobs is not None and stream:
         raise BadRequest("logprobs are only returned without streaming: leave out 'stream' or 'logprobs'", "logprobs")
     opts = {name: body[key] for key, name in REQUEST_FIELDS.items() if body.get(key) is not None}
-    parsed = Parsed(opts, body.get("stop") or (), stream, logprobs)
+    stop = body.get("stop")  # null is "not given"; 0 or false is a bad value (it was read as no stop strings)
+    parsed = Parsed(opts, () if stop is None else stop, stream, logprobs)
     if kind == "chat":
         parsed.messages = chat_messages(body)
     else:
