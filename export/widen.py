@@ -200,11 +200,30 @@ def _check_metadata(reader: Any, src: Path, k: int) -> None:
             _integers(reader.fields[key], src, k, per_layer=True)
         elif key != _SCALED_KV:
             raise MtadEdgeError(f"{src.name} has no {key} in its metadata")
+    _check_heads(reader, src)
     if _FACTOR_KEY in reader.fields:  # a stand-in widened again: the factor is written as a UINT32
         _integers(reader.fields[_FACTOR_KEY], src, k, fits=2**32 - 1)
         source = reader.fields.get(_SOURCE_KEY)
         if source is None or source.types != [GGUFValueType.STRING]:
             raise MtadEdgeError(f"{src.name}: {_FACTOR_KEY} needs {_SOURCE_KEY}, a string, beside it")
+
+
+def _check_heads(reader: Any, src: Path) -> None:
+    """At least one head and one KV head in each layer, the KV heads dividing the heads (grouped
+    attention): llama.cpp refuses any other file at load, after widen had written all of it."""
+    heads = _per_layer(reader.fields[_SCALED[2]].contents())
+    kv = _per_layer(reader.fields[_SCALED_KV].contents()) if _SCALED_KV in reader.fields else heads
+    if len(heads) == 1 or len(kv) == 1:
+        heads, kv = heads * len(kv), kv * len(heads)
+    if len(heads) != len(kv) or not all(h >= 1 and n >= 1 and h % n == 0 for h, n in zip(heads, kv)):
+        raise MtadEdgeError(
+            f"{src.name}: head_count {quoted(heads)} and head_count_kv {quoted(kv)} must be at least 1, "
+            "and the KV heads must divide the heads, in every layer"
+        )
+
+
+def _per_layer(value: Any) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
 def _integers(field: Any, src: Path, k: int, per_layer: bool = False, fits: int = 2**64) -> None:

@@ -187,6 +187,10 @@ def tiny_llama(path: Path, kv: dict, skip: tuple = ()) -> Path:
         ({"llama.embedding_length": (2**63, "UINT64")}, "fits its type 2 times over"),  # a struct.error before
         ({"mtad_edge.widen.factor": (2, "UINT32")}, "needs mtad_edge.widen.source, a string"),  # a KeyError before
         ({"mtad_edge.widen.factor": ("2", "STRING"), "mtad_edge.widen.source": ("x", "STRING")}, "factor must be"),
+        # well typed, but no model llama.cpp loads: it refused the file only after all of it was written
+        ({"llama.attention.head_count": (0, "UINT32")}, "must be at least 1"),
+        ({"llama.attention.head_count_kv": (0, "UINT32")}, "must be at least 1"),
+        ({"llama.attention.head_count": (3, "UINT32")}, "the KV heads must divide the heads"),
     ],
 )
 def test_metadata_of_the_wrong_type_is_one_line_before_anything_is_written(tmp_path, kv, needle):
