@@ -31,7 +31,7 @@ import numpy as np
 
 from mtad_edge.pairs import CONTEXT_SIZE_MAX, quantize
 from mtad_edge.runtime.errors import MtadEdgeError, quoted
-from mtad_edge.runtime.gguf_header import BLOCK_MATRICES, read_header
+from mtad_edge.runtime.gguf_header import BLOCK_MATRICES, int_range, read_header
 from mtad_edge.store import drop, finish, make_folder, sha256_file, tmp_name
 
 from .staging import Progress, publish, staging
@@ -44,9 +44,6 @@ _FACTOR_KEY, _SOURCE_KEY = "mtad_edge.widen.factor", "mtad_edge.widen.source"
 # The widths that grow k times (head and RoPE dimensions do not); all but head_count_kv are required.
 _SCALED = ("llama.embedding_length", "llama.feed_forward_length", "llama.attention.head_count")
 _SCALED_KV = "llama.attention.head_count_kv"
-# GGUF's integer value types (by GGUFValueType value) and the values each holds.
-_INT_RANGES = {0: (0, 2**8 - 1), 1: (-(2**7), 2**7 - 1), 2: (0, 2**16 - 1), 3: (-(2**15), 2**15 - 1)}
-_INT_RANGES |= {4: (0, 2**32 - 1), 5: (-(2**31), 2**31 - 1), 10: (0, 2**64 - 1), 11: (-(2**63), 2**63 - 1)}
 
 
 @dataclass(frozen=True)
@@ -234,7 +231,7 @@ def _integers(field: Any, src: Path, k: int, per_layer: bool = False, fits: int 
     types = [int(t) for t in field.types]
     if per_layer and len(types) == 2 and types[0] == GGUFValueType.ARRAY:
         types = types[1:]
-    bounds = _INT_RANGES.get(types[0]) if len(types) == 1 else None
+    bounds = int_range(types[0]) if len(types) == 1 else None
     values = field.contents() if bounds else None
     values = values if isinstance(values, list) else [values]
     if bounds is None or not all(0 <= v * k <= min(bounds[1], fits) for v in values):
@@ -387,7 +384,7 @@ def _vocab_size(reader: Any) -> Optional[int]:
     """The manifest's vocab_size: llama.vocab_size where it is an integer the schema takes (a string
     there was a traceback), else the number of token texts; None when neither is."""
     vocab = reader.fields.get("llama.vocab_size")
-    value = vocab.contents() if vocab is not None and len(vocab.types) == 1 and vocab.types[0] in _INT_RANGES else None
+    value = vocab.contents() if vocab is not None and len(vocab.types) == 1 and int_range(vocab.types[0]) else None
     if isinstance(value, int) and 1 <= value <= CONTEXT_SIZE_MAX:
         return value
     tokens = reader.fields.get("tokenizer.ggml.tokens")

@@ -24,7 +24,7 @@ MAX_KEY = 1 << 16  # bytes in a key; the one value read as text (the architectur
 _VERSIONS = (2, 3)  # version 1 used 32-bit counts; llama.cpp no longer reads it
 _SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
 _STRING, _ARRAY = 8, 9
-_INTS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}  # integer value type -> format
+INT_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}  # integer value type -> format
 _ARCH_KEY = "general.architecture"
 # A Llama-layout block's projection matrices: blk.N.<name>.weight
 BLOCK_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -104,6 +104,15 @@ class _Reader:
         return None
 
 
+def int_range(vtype: int) -> Optional[tuple[int, int]]:
+    """The values an integer value type holds (lowest, highest); None for a type that is no integer."""
+    fmt = INT_FORMATS.get(vtype)
+    if fmt is None:
+        return None
+    bits = 8 * struct.calcsize(fmt)
+    return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if fmt[1].islower() else (0, 2**bits - 1)
+
+
 def read_header(path: Path) -> Optional[Header]:
     """The architecture and tensor table of the GGUF at ``path``, or None where the header is
     not one this reader takes (another version, a bound broken, the file too short)."""
@@ -130,8 +139,8 @@ def _block_count(r: _Reader) -> Optional[int]:
     arch = None
     for _ in range(_counts(r)[1]):
         key, vtype = r.string(MAX_KEY), r.take("<I")
-        if key.endswith(".block_count") and vtype in _INTS:
-            counts[key] = r.take(_INTS[vtype])
+        if key.endswith(".block_count") and vtype in INT_FORMATS:
+            counts[key] = r.take(INT_FORMATS[vtype])
         elif key == _ARCH_KEY:
             arch = r.value(vtype, text=True)
         else:
