@@ -33,7 +33,7 @@ from typing import Optional
 import mtad_edge.hub as hub
 import mtad_edge.store as store
 from mtad_edge.models import MANIFEST_DIR
-from mtad_edge.runtime.errors import MtadEdgeError, quoted
+from mtad_edge.runtime.errors import MtadEdgeError, json_problem, quoted
 
 DEFAULT_PAIR = "smollm2-135m"
 HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
@@ -103,10 +103,12 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
         if p.stat().st_size > MANIFEST_MAX:
             raise MtadEdgeError(f"{p} is not a manifest: {p.stat().st_size} bytes, over {MANIFEST_MAX}")
         data = json.loads(p.read_text())
-    except (OSError, ValueError, RecursionError) as e:  # unreadable, not UTF-8, not JSON, nested too deep
+    except OSError as e:
         raise MtadEdgeError(f"cannot read manifest {p}: {quoted(str(e), bare=True)}") from None
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep, ...
+        raise MtadEdgeError(f"cannot read manifest {p}: {quoted(json_problem(e), bare=True)}") from None
     missing = [k for k in ("schema", "name", "target", "aux") if not isinstance(data, dict) or k not in data]
-    if missing or data.get("schema") != 1:
+    if missing or type(data.get("schema")) is not int or data["schema"] != 1:  # true and 1.0 equal 1 too
         raise MtadEdgeError(f"{p} is not a schema-1 mtad-edge manifest (missing {', '.join(missing) or 'schema 1'})")
     check_manifest(data, p, builtin)
     return Manifest(data, p.resolve(), builtin)

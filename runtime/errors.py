@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import reprlib
+import sys
 from typing import Any, Optional
 
 
@@ -29,6 +31,19 @@ class IncompatiblePairError(MtadEdgeError):
 
 class ContextOverflowError(MtadEdgeError):
     """The prompt does not fit in the context window."""
+
+
+def json_problem(e: BaseException) -> str:
+    """What is wrong with a text ``json.loads`` refused, in one line for the user: the parser's own
+    message, or what its other refusals mean (Python's message for an integer past its digit limit
+    tells a programmer to call sys.set_int_max_str_digits)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
+        return str(e)
+    if isinstance(e, ValueError) and "digits" in str(e):
+        return f"a number over {sys.get_int_max_str_digits()} digits long"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 # Characters of a user's value an error message quotes: enough to recognise it, never the whole

@@ -155,11 +155,19 @@ def test_run_order_is_a_seeded_permutation_that_moves_every_variant():
 
 
 @pytest.mark.parametrize(
-    "content,needle", [("{oops\n", "line 1: not JSON"), ('{"text": "x"}\n', "needs a 'prompt'"), ("\n", "no prompts")]
+    "content,needle",
+    [
+        ("{oops\n", "line 1: not JSON"),
+        ('{"text": "x"}\n', "needs a 'prompt'"),
+        ("\n", "no prompts"),
+        ('{"prompt": "a"}\n{"n": ' + "9" * 5000 + "}\n", "line 2: not JSON (a number over 4300 digits long)"),
+        ("[" * 30000 + "]" * 30000, "line 1: not JSON (nested too deeply)"),  # was a RecursionError traceback
+        (b'{"prompt": "\xff"}\n', "not UTF-8 text"),  # was a UnicodeDecodeError traceback
+    ],
 )
 def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):
     f = tmp_path / "bad.jsonl"
-    f.write_text(content)
+    f.write_bytes(content) if isinstance(content, bytes) else f.write_text(content)
     r = CliRunner().invoke(cli, ["bench", "--prompts", str(f), "--out", str(tmp_path / "o")])
     assert r.exit_code == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

@@ -170,6 +170,7 @@ def test_a_connection_that_sends_nothing_is_closed_quietly(server):
     [
         (b"[" * 30000 + b"]" * 30000, "nested too deeply"),  # was a 500 with a RecursionError traceback
         (b'{"messages": ' + b"[" * 30000 + b"]" * 30000 + b"}", "nested too deeply"),
+        (b'{"max_tokens": ' + b"9" * 5000 + b"}", "a number over 4300 digits long"),  # was Python's own advice
         ({"messages": [{"role": "user", "content": []}]}, "empty list"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "string 'text'"),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "string 'text'"),

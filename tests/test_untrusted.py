@@ -210,6 +210,8 @@ GOOD = {
         ({"name": "\ud800"}, "name must be a printable name"),  # the server's model id: every reply was a 500
         ({"target": {"file": "x" * 300 + ".gguf"}}, "target.file must be a file name the OS takes"),  # was an OSError
         ({"aux": {"file": "a\0.gguf"}}, "aux.file must be a file name the OS takes"),
+        ({"schema": True}, "not a schema-1"),  # true == 1 in Python: it passed as schema 1
+        ({"schema": 1.0}, "not a schema-1"),
     ],
 )
 def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path, change, field):
@@ -223,6 +225,18 @@ def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path, change, fie
     with pytest.raises(MtadEdgeError) as e:
         pairs.load_manifest(tmp_path)
     assert field in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_manifest_with_a_number_past_pythons_digit_limit_is_one_line_of_ours(tmp_path):
+    """json.loads refuses a 5000-digit integer with a message telling a programmer to call
+    sys.set_int_max_str_digits; the user gets what is wrong with the file."""
+    from mtad_edge import pairs
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    (tmp_path / "manifest.json").write_text('{"schema": 1, "context_size": ' + "9" * 5000 + "}")
+    with pytest.raises(MtadEdgeError) as e:
+        pairs.load_manifest(tmp_path)
+    assert "a number over 4300 digits long" in str(e.value) and "sys." not in str(e.value), str(e.value)
 
 
 def test_a_model_path_too_long_for_the_os_is_a_missing_file_not_a_traceback(tmp_path):

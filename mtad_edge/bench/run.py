@@ -23,7 +23,7 @@ from mtad_edge.bench.quality import quality, run_counts
 from mtad_edge.bench.variants import Variant
 from mtad_edge.engine import Engine
 from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,8 @@ def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
             text = Path(name).read_text()
         except OSError as e:
             raise MtadEdgeError(f"cannot read prompts file {name}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise MtadEdgeError(f"cannot read prompts file {name}: not UTF-8 text") from None
         where = name
     items: list[dict[str, Any]] = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -93,6 +95,8 @@ def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise MtadEdgeError(f"{where} line {n}: not JSON ({e.msg})") from None
+        except (ValueError, RecursionError) as e:
+            raise MtadEdgeError(f"{where} line {n}: not JSON ({json_problem(e)})") from None
         if not isinstance(item, dict) or not (
             isinstance(item.get("prompt"), str) or isinstance(item.get("messages"), list)
         ):

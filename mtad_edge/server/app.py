@@ -25,7 +25,7 @@ from starlette.responses import Response as HttpResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mtad_edge.engine import Engine, Response
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 from mtad_edge.server import protocol as P
 from mtad_edge.server.limits import MAX_HEADER_BYTES
 
@@ -293,10 +293,8 @@ async def _json_body(request: Request, max_body: int) -> dict:
         raise P.BadRequest(f"request body over {max_body} bytes", status=413)
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise P.BadRequest(f"invalid JSON body: {e}") from None
-    except RecursionError:  # the parser's own depth bound (100k brackets was a 500 with a traceback)
-        raise P.BadRequest("invalid JSON body: nested too deeply") from None
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested past the parser's bound, ...
+        raise P.BadRequest(f"invalid JSON body: {json_problem(e)}") from None
     if not isinstance(body, dict):
         raise P.BadRequest("the JSON body must be an object")
     return body
