@@ -22,7 +22,7 @@ import numpy as np
 
 from .backend import Batch, VocabInfo, check_trained_context
 from .chat import render
-from .errors import ModelLoadError, MtadEdgeError
+from .errors import ModelLoadError, MtadEdgeError, json_problem, quoted
 from .ort_kv import DeviceKV, HostKV
 from .vocab import piece_bytes
 
@@ -57,10 +57,37 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as e:
-        raise ModelLoadError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise ModelLoadError(f"cannot read {path}: {json_problem(e) if not isinstance(e, OSError) else e}") from None
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} is not a JSON object")
     return data
+
+
+def _kv_shape(cfg: dict[str, Any], path: Path) -> tuple[int, int]:
+    """(KV heads, head dimension) from a Hugging Face config, checked: a model folder is untrusted."""
+
+    def positive(key: str, default: Any = None) -> int:
+        value = cfg.get(key, default)
+        if type(value) is not int or value < 1:
+            raise ModelLoadError(f"{path}: {key} must be a positive integer, not {quoted(value)}")
+        return value
+
+    heads = positive("num_attention_heads")
+    kv_heads = positive("num_key_value_heads", heads)
+    head_dim = positive("head_dim") if cfg.get("head_dim") else positive("hidden_size") // heads
+    if head_dim < 1:
+        raise ModelLoadError(f"{path}: hidden_size is smaller than num_attention_heads")
+    return kv_heads, head_dim
+
+
+def _token_text(tcfg: dict[str, Any], key: str, folder: Path) -> Optional[str]:
+    """A special token named in tokenizer_config.json: a string, an AddedToken's content, or none."""
+    value = tcfg.get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise ModelLoadError(f"{folder / 'tokenizer_config.json'}: {key} must be a token's text, not {quoted(value)}")
+    return value or None
 
 
 class OrtBackend:
@@ -101,10 +128,7 @@ class OrtBackend:
         inputs = self._sess.get_inputs()
         self._inputs = {i.name for i in inputs}
         past = [i for i in inputs if i.name.startswith("past_key_values.")]
-        shape = (
-            cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
-            cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-        )
+        shape = _kv_shape(cfg, d / "config.json")
         dtype = np.float16 if past and past[0].type == "tensor(float16)" else np.float32
         on_device = config.io_binding if config.io_binding is not None else providers[0] != "CPUExecutionProvider"
         self._store: HostKV | DeviceKV
@@ -119,16 +143,16 @@ class OrtBackend:
         self.n_batch = config.n_ctx  # any number of rows: long inputs are chunked in decode
         self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
         self._chunk = max(8, (32 << 20) // self.n_vocab)  # tokens per run: 32M float logits at most
-        self._special = {
-            t: self._tok.token_to_id(v if isinstance(v, str) else v.get("content"))
-            for t in ("bos_token", "eos_token")
-            if (v := tcfg.get(t))
-        }
+        specials = {t: _token_text(tcfg, t, d) for t in ("bos_token", "eos_token")}
+        self._special = {t: self._tok.token_to_id(v) for t, v in specials.items() if v}
         eos = cfg.get("eos_token_id")
-        self._eog = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        if not all(type(t) is int for t in eos_ids):
+            raise ModelLoadError(f"{d / 'config.json'}: eos_token_id must be a token id or a list of them")
+        self._eog = set(eos_ids)
         if self._special.get("eos_token") is not None:
             self._eog.add(self._special["eos_token"])
-        tj = json.loads((d / "tokenizer.json").read_text())
+        tj = _read_json(d / "tokenizer.json")
         self._byte_level = (tj.get("decoder") or {}).get("type") == "ByteLevel"
         self._control = {t["id"] for t in tj.get("added_tokens", []) if t.get("special")}
         self._kv: dict[int, list[np.ndarray]] = {}

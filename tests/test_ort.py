@@ -187,3 +187,34 @@ def test_cuda_keeps_caches_on_the_gpu_and_greedy_drafting_equals_greedy_ar(onnx_
         assert t.provider == "CUDAExecutionProvider" and t.io_binding and a.io_binding
         assert all(st.drafted > 0 for st in assert_drafting_equals_greedy_ar(t, a, method, PROMPTS, 24))
         assert_rollback_equals_fresh(t, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"num_attention_heads": None}, "num_attention_heads must be a positive integer, not None"),  # a KeyError
+        ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, not 0"),  # ZeroDivisionError
+        ({"num_key_value_heads": "3"}, "num_key_value_heads must be a positive integer, not '3'"),
+        ({"hidden_size": 4, "head_dim": None}, "hidden_size is smaller than num_attention_heads"),
+        ({"eos_token_id": {"id": 2}}, "eos_token_id must be a token id or a list of them"),  # a TypeError
+        ({"vocab_size": "HUGE"}, "a number over 4300 digits long"),  # written as 5000 digits below
+        ({"bos_token": 5}, "bos_token must be a token's text, not 5"),  # tokenizer_config.json: an AttributeError
+        ({"eos_token": {"content": ["</s>"]}}, "eos_token must be a token's text"),
+    ],
+)
+def test_a_malformed_onnx_config_is_a_one_line_load_error(onnx_pair, tmp_path, change, needle):
+    """config.json and tokenizer_config.json come with the model folder, so they are untrusted: a
+    bad head count was a KeyError, ZeroDivisionError or TypeError traceback."""
+    from mtad_edge.runtime.errors import ModelLoadError
+
+    src = onnx_pair.parent / "target"
+    for f in src.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    name = "tokenizer_config.json" if {"bos_token", "eos_token"} & set(change) else "config.json"
+    cfg = {**json.loads((src / name).read_text()), **change}
+    cfg = {k: v for k, v in cfg.items() if v is not None or k == "head_dim"}
+    (tmp_path / name).unlink()
+    (tmp_path / name).write_text(json.dumps(cfg).replace('"HUGE"', "9" * 5000))
+    with pytest.raises(ModelLoadError) as e:
+        OrtBackend(tmp_path, OrtConfig(n_ctx=64))
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
