@@ -549,6 +549,18 @@ def test_size_curve_reads_earlier_runs_by_target_size(tmp_path):
     assert (out / "sizes.png").read_bytes().startswith(PNG_MAGIC)
     bad = CliRunner().invoke(cli, ["bench", "--curve", str(tmp_path), "--out", str(out)])
     assert bad.exit_code == 1 and "cannot read" in bad.output and "Traceback" not in bad.output
+    # a results.json of another shape was a KeyError / TypeError / AttributeError traceback
+    for other, problem in [
+        ({"a": 1}, "no pair name"),
+        ([1], "no pair name"),
+        ({"pair": {"name": "x", "target_parameters": "2B"}}, "target_parameters is not a number"),
+        ({"pair": {"name": "x"}, "ratios": {"vs_ar": 3}}, "ratios.vs_ar is not a table of numbers"),
+        ({"pair": {"name": "x"}, "projection": {"ar": {"x_ar": "1"}}}, "projection is not a table of numbers"),
+    ]:
+        (tmp_path / "3").mkdir(exist_ok=True)
+        (tmp_path / "3" / "results.json").write_text(json.dumps(other))
+        bad = CliRunner().invoke(cli, ["bench", "--curve", str(tmp_path / "3"), "--out", str(out)])
+        assert bad.exit_code == 1 and problem in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
 
 
 # -- an independent judge (bench --judge) ---------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from mtad_edge.bench.native import against_tg
 
@@ -519,6 +519,30 @@ def plot_gammas(out: Path, results: dict) -> Optional[Path]:
     fig.suptitle(f"mtad-edge bench: fixed gamma vs auto, {results['pair']['name']}")
     fig.tight_layout()
     return _save(plt, fig, out / "gammas.png")
+
+
+def run_problem(run: Any) -> Optional[str]:
+    """What ``size_points`` cannot read in an earlier run's results.json (a file of any origin), or None."""
+
+    def table(value: Any) -> bool:  # {name: {field: number or null}}
+        return isinstance(value, dict) and all(
+            isinstance(v, dict) and all(x is None or _number(x) for x in v.values()) for v in value.values()
+        )
+
+    pair = run.get("pair") if isinstance(run, dict) else None
+    if not isinstance(pair, dict) or not isinstance(pair.get("name"), str):
+        return "no pair name"
+    if not (pair.get("target_parameters") is None or _number(pair["target_parameters"])):
+        return "pair.target_parameters is not a number"
+    if not isinstance(run.get("ratios") or {}, dict) or not table((run.get("ratios") or {}).get("vs_ar") or {}):
+        return "ratios.vs_ar is not a table of numbers"
+    if not table(run.get("projection") or {}):
+        return "projection is not a table of numbers"
+    return None
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def size_points(runs: list[dict]) -> list[dict]:

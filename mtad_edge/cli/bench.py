@@ -38,7 +38,7 @@ from mtad_edge.bench.variants import Variant, expand
 from mtad_edge.bench.variants import capacity as variant_capacity
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
 from mtad_edge.runtime.controller import Controller, Model
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 from mtad_edge.runtime.llama_cpp_backend import default_threads, uses_amx
 from mtad_edge.runtime.methods import names as method_names
 from mtad_edge.runtime.options import OPTIONS
@@ -318,9 +318,14 @@ def _curve(dirs: tuple[str, ...], out: Path) -> None:
     for d in dirs:
         path = Path(d) / "results.json"
         try:
-            runs.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as e:
-            raise MtadEdgeError(f"cannot read {path}: {e}") from None
+            run = json.loads(path.read_text())
+        except OSError as e:
+            raise MtadEdgeError(f"cannot read {path}: {e.strerror}") from None
+        except (ValueError, RecursionError) as e:
+            raise MtadEdgeError(f"cannot read {path}: {json_problem(e)}") from None
+        if (problem := report.run_problem(run)) is not None:
+            raise MtadEdgeError(f"{path} is not a results.json of mtad-edge bench: {problem}")
+        runs.append(run)
     store.make_folder(out, "the output folder")
     md = report.size_curve_markdown(runs)
     (out / "sizes.md").write_text(md)
