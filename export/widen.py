@@ -177,6 +177,7 @@ def _plan(reader: Any, src: Path, k: int) -> list[_Plan]:
             "be widened exactly); widen the F16 model and quantize the result (--outtype q8_0)"
         )
     _check_metadata(reader, src, k)
+    _check_shapes(reader, src)
     plans = []
     for t in reader.tensors:
         plans.append(_widen_tensor(t.name, _shape(t), _loader(t), k))
@@ -217,6 +218,58 @@ def _check_heads(reader: Any, src: Path) -> None:
             f"{src.name}: head_count {quoted(heads)} and head_count_kv {quoted(kv)} must be at least 1, "
             "and the KV heads must divide the heads, in every layer"
         )
+
+
+def _check_shapes(reader: Any, src: Path) -> None:
+    """Every tensor has the shape the metadata gives it (so its widened copy has the widened
+    metadata's): llama.cpp refused a wrong one only at load, after widen had written all of it."""
+    fields = reader.fields
+    embd = _per_layer(fields[_SCALED[0]].contents())[0]
+    ffs, heads = _per_layer(fields[_SCALED[1]].contents()), _per_layer(fields[_SCALED[2]].contents())
+    kvs = _per_layer(fields[_SCALED_KV].contents()) if _SCALED_KV in fields else heads
+    vocab = next((_shape(t)[0] for t in reader.tensors if t.name == "token_embd.weight"), None)
+    for t in reader.tensors:
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", t.name)
+        if m:
+            layer = int(m.group(1))
+            ff, h, kv = (v[layer] if len(v) > 1 and layer < len(v) else v[-1] for v in (ffs, heads, kvs))
+            key_dim, value_dim = (
+                _length(fields, f"llama.attention.{x}_length", embd // h, src) for x in ("key", "value")
+            )
+            out_in = {
+                "attn_q": (h * key_dim, embd),
+                "attn_k": (kv * key_dim, embd),
+                "attn_v": (kv * value_dim, embd),
+                "attn_output": (embd, h * value_dim),
+                "ffn_gate": (ff, embd),
+                "ffn_up": (ff, embd),
+                "ffn_down": (embd, ff),
+            }.get(m.group(2))
+            if out_in is not None:
+                want = out_in if m.group(3) == "weight" else (out_in[0],)
+            elif m.group(2) in _BLOCK_VECTORS and m.group(3) == "weight":
+                want = (embd,)
+            else:
+                continue  # _widen_tensor refuses it
+        elif t.name in ("token_embd.weight", "output.weight"):
+            want = (_shape(t)[0] if vocab is None else vocab, embd)
+        elif t.name == "output_norm.weight":
+            want = (embd,)
+        else:
+            continue  # rope_freqs and the tensors _widen_tensor refuses
+        if _shape(t) != want:
+            raise MtadEdgeError(
+                f"{src.name}: {t.name} is {list(_shape(t))}, the metadata makes it {list(want)} "
+                "(numpy order: outputs, inputs)"
+            )
+
+
+def _length(fields: Any, key: str, default: int, src: Path) -> int:
+    """A head dimension the metadata may give (it does not grow with k)."""
+    if key not in fields:
+        return default
+    _integers(fields[key], src, 1)
+    return int(fields[key].contents())
 
 
 def _per_layer(value: Any) -> list[int]:

@@ -3,6 +3,7 @@ float rounding, same greedy tokens) and loads as a pair; bad input is one line, 
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -148,9 +149,9 @@ def test_q8_0_standin_is_the_original_q8_0_widened(smol_files, tmp_path):
 
 
 # -- crafted GGUFs: metadata of the wrong type is one line before anything is written ------------------
-def tiny_llama(path: Path, kv: dict, skip: tuple = ()) -> Path:
+def tiny_llama(path: Path, kv: dict, skip: tuple = (), shapes: Optional[dict] = None) -> Path:
     """A one-block Llama GGUF 8 wide (2 heads) with the KV fields ``kv`` ({key: (value, GGUFValueType)})
-    over the usual ones, and the keys in ``skip`` left out."""
+    over the usual ones, the keys in ``skip`` left out, and block matrices of other ``shapes``."""
     from gguf import GGUFValueType as T
     from gguf import GGUFWriter
 
@@ -164,7 +165,7 @@ def tiny_llama(path: Path, kv: dict, skip: tuple = ()) -> Path:
             w.add_key_value(key, value, vtype, sub_type=T.STRING if vtype == T.ARRAY else None)
     w.add_array("tokenizer.ggml.tokens", ["a", "b", "c", "d"])
     mats = {"attn_q": (e, e), "attn_k": (e, e), "attn_v": (e, e), "attn_output": (e, e)}
-    mats |= {"ffn_gate": (f, e), "ffn_up": (f, e), "ffn_down": (e, f)}
+    mats |= {"ffn_gate": (f, e), "ffn_up": (f, e), "ffn_down": (e, f)} | (shapes or {})
     w.add_tensor("token_embd.weight", np.ones((4, e), np.float16))
     for name, shape in mats.items():
         w.add_tensor(f"blk.0.{name}.weight", np.ones(shape, np.float16))
@@ -206,6 +207,36 @@ def test_metadata_of_the_wrong_type_is_one_line_before_anything_is_written(tmp_p
         cli, ["export", "widen", "--target", str(src), "--aux", str(src), "--factor", "2", "--out", str(tmp_path / "o")]
     )
     assert r.exit_code == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize(
+    "shapes,kv,needle",
+    [
+        ({"attn_q": (12, 8)}, {}, "blk.0.attn_q.weight is [12, 8], the metadata makes it [8, 8]"),
+        ({"ffn_down": (8, 8)}, {}, "blk.0.ffn_down.weight is [8, 8], the metadata makes it [8, 16]"),
+        ({"attn_k": (8, 8)}, {"llama.attention.head_count_kv": (1, "UINT32")}, "makes it [4, 8]"),
+        (
+            {},
+            {"llama.attention.key_length": (2, "UINT32")},
+            "blk.0.attn_q.weight is [8, 8], the metadata makes it [4, 8]",
+        ),
+        (
+            {},
+            {"llama.attention.key_length": ("4", "STRING")},
+            "llama.attention.key_length must be a non-negative integer",
+        ),
+    ],
+)
+def test_a_tensor_shape_the_metadata_does_not_give_is_one_line_before_anything_is_written(tmp_path, shapes, kv, needle):
+    """Well-typed metadata, a tensor of another shape: widen wrote the whole stand-in and llama.cpp
+    refused it at load."""
+    from gguf import GGUFValueType
+
+    kv = {k: (v, GGUFValueType[t]) for k, (v, t) in kv.items()}
+    src = tiny_llama(tmp_path / "src.gguf", kv, shapes=shapes)
+    with pytest.raises(MtadEdgeError, match="^[^\n]*$") as e:
+        export_standin(StandinExport(src, 2, tmp_path / "out", src))
+    assert needle in str(e.value) and not (tmp_path / "out").exists(), str(e.value)
 
 
 def test_keys_widen_rewrites_are_written_with_their_own_types(tmp_path, monkeypatch):
