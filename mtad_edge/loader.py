@@ -186,8 +186,8 @@ def pair_vocabulary(
 def _cached_map(target: Backend, aux: Backend, paths: tuple[Path, Path]) -> VocabMap:
     path = store.path("vocab", store.key([store.file_identity(*paths), target.n_vocab, aux.n_vocab]), "npz")
     try:
-        return VocabMap.load(str(path))
-    except (OSError, ValueError, KeyError):
+        return VocabMap.load(str(path), target.n_vocab, aux.n_vocab)
+    except ValueError:  # missing or damaged: derived again
         pass
     vocab = map_models(target, aux)
 

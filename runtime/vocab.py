@@ -13,6 +13,8 @@ intersection, lossless for speculative sampling).
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -48,9 +50,19 @@ class VocabMap:
         np.savez(path, a2t=self.a2t, t2a=self.t2a)
 
     @classmethod
-    def load(cls, path: str) -> VocabMap:
-        with np.load(path) as z:
-            return cls(z["a2t"], z["t2a"])
+    def load(cls, path: str, n_target: int, n_aux: int) -> VocabMap:
+        """A saved map between vocabularies of these sizes; ValueError when the file is damaged or
+        holds something else (truncated, not an npz, arrays of another shape, type or range), which
+        would fail only while decoding. ``np.load`` never unpickles here: a file runs no code."""
+        try:
+            with np.load(path) as z:
+                a2t, t2a = z["a2t"], z["t2a"]
+        except (OSError, EOFError, KeyError, TypeError, ValueError, zipfile.BadZipFile, zlib.error) as e:
+            raise ValueError(f"not a vocabulary map: {e}") from None
+        for name, a, n, other in (("a2t", a2t, n_aux, n_target), ("t2a", t2a, n_target, n_aux)):
+            if a.dtype.kind not in "iu" or a.shape != (n,) or (n and not -1 <= a.min() <= a.max() < other):
+                raise ValueError(f"not a vocabulary map: {name} is {a.dtype} {a.shape}, not {n} ids below {other}")
+        return cls(a2t.astype(np.int64), t2a.astype(np.int64))
 
 
 def token_keys(n_tokens: int, token_bytes: Callable[[int], bytes], text: Callable[[int], bytes]) -> list[bytes]:

@@ -1,6 +1,8 @@
 """Drafting across vocabularies on fake models with vocabularies of their own: the map, lossless sd
 (chi-square), the aux kept in step with the target's text (re-synchronisation), the policy."""
 
+import io
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import IncompatiblePairError
 from mtad_edge.runtime.sampling import filtered_logprobs
-from mtad_edge.runtime.vocab import CrossVocab, build_map, map_models
+from mtad_edge.runtime.vocab import CrossVocab, VocabMap, build_map, map_models
 
 # Token 0 is a control token in both (it prints nothing). The target has "ba" and "cd" the aux
 # lacks; the aux has "dc" and "e" the target lacks; "a", "b", "c", "d", "ab" are shared.
@@ -163,3 +165,35 @@ def test_policy(home, tmp_path):
     with pytest.raises(IncompatiblePairError, match=r"too little is shared to draft \(1 of 4 aux tokens .* 0\.0% of"):
         pair_vocabulary(target, stranger, paths, "auto")
     assert pair_vocabulary(target, stranger, paths, "allow") is not None
+
+
+def _npz(**arrays) -> bytes:
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda good, vm: good[: len(good) // 2],  # truncated: zipfile.BadZipFile
+        lambda good, vm: b"",  # EOFError
+        lambda good, vm: _npz(a2t=vm.a2t[:2], t2a=vm.t2a[:2]),  # IndexError while decoding
+        lambda good, vm: _npz(a2t=vm.a2t[None], t2a=vm.t2a[None]),
+        lambda good, vm: _npz(a2t=vm.a2t.astype(float), t2a=vm.t2a.astype(float)),
+        lambda good, vm: _npz(a2t=vm.a2t + 1000, t2a=vm.t2a),  # ids past the vocabulary
+        lambda good, vm: _npz(a2t=np.array(["x"] * len(vm.a2t)), t2a=vm.t2a),  # numpy's UFuncTypeError
+        lambda good, vm: _npz(a2t=np.int64(3), t2a=np.int64(3)),
+    ],
+)
+def test_a_damaged_cached_vocabulary_map_is_derived_again(home, tmp_path, damage):
+    """A cache record is untrusted: one of another shape or type was loaded as the map (or its read
+    was a traceback) and failed only while decoding."""
+    target, aux = PieceLM(TARGET_PIECES, salt=1), PieceLM(AUX_PIECES, salt=2)
+    paths = (tmp_path / "t.gguf", tmp_path / "a.gguf")
+    vm = pair_vocabulary(target, aux, paths, "auto")
+    (record,) = home.glob("vocab/*.npz")
+    record.write_bytes(damage(record.read_bytes(), vm))
+    again = pair_vocabulary(target, aux, paths, "auto")
+    assert again.a2t.dtype == np.int64 and (again.a2t == vm.a2t).all() and (again.t2a == vm.t2a).all()
+    assert (VocabMap.load(str(record), target.n_vocab, aux.n_vocab).a2t == vm.a2t).all()  # written anew
