@@ -9,10 +9,11 @@ setup. Decoding keeps refining the tables from the calls it makes anyway.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from importlib import metadata
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -91,6 +92,23 @@ def measure(models: LoadedPair, target_rows: list[int], aux_rows: list[int]) -> 
     return out
 
 
+def stored_tables(raw: Any, rows: dict[str, list[int]]) -> Optional[dict[str, dict[int, float]]]:
+    """A calibration record's tables, or None when it is not one: each role's timings of the rows
+    asked for, in seconds that are finite floats over 0. A damaged record is timed again (a number
+    past a float's range was an OverflowError traceback; NaN, 0 or negative seconds seeded plans)."""
+    if not isinstance(raw, dict) or not set(raw) <= set(rows):
+        return None
+    tables: dict[str, dict[int, float]] = {}
+    for role, table in raw.items():
+        if not isinstance(table, dict):
+            return None
+        asked = {str(r): r for r in rows[role]}
+        if not all(r in asked and type(s) is float and 0 < s < math.inf for r, s in table.items()):
+            return None  # what measure writes: the rows asked, seconds as floats
+        tables[role] = {asked[r]: s for r, s in table.items()}
+    return tables
+
+
 def calibrated_model(models: LoadedPair, options: ModelOptions, gamma_max: int, width: int, tree: bool) -> Model:
     """A controller Model seeded from the cache, or from a fresh calibration written to it."""
     # A few row counts: the controller's cost line (Theil-Sen) needs points, not every row; the
@@ -100,11 +118,7 @@ def calibrated_model(models: LoadedPair, options: ModelOptions, gamma_max: int, 
         target_rows += sorted({width * gamma_max // 2 + 1} - set(target_rows))
     aux_rows = list(range(1, min(width, (models.aux.n_seq_max - 1) // 2) + 1)) if models.aux is not None else []
     record = store.path("calibration", cache_key(models, options, target_rows, aux_rows))
-    raw = store.read_json(record)
-    try:
-        tables = {k: {int(r): float(s) for r, s in v.items()} for k, v in raw.items()} if raw is not None else None
-    except (ValueError, TypeError, AttributeError):
-        tables = None
+    tables = stored_tables(store.read_json(record), {"target": target_rows, "aux": aux_rows})
     if tables is None:
         measured = tables = measure(models, target_rows, aux_rows)
         store.remember(lambda: store.write_json(record, measured))

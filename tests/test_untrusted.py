@@ -572,3 +572,41 @@ def test_a_response_half_iterated_by_a_thread_that_ended_does_not_block_the_engi
         assert len(result.get("text", "")) == 5, result
     assert left[0].finish_reason == "cancelled"
     engine.close()
+
+
+# -- cache records: a damaged one is derived again -----------------------------------------------
+@pytest.mark.parametrize(
+    "record",
+    [
+        '{"target": {"1": 1' + "0" * 400 + "}}",  # past a float: an OverflowError traceback
+        '{"target": {"1": NaN, "2": NaN}}',  # these seeded the controller's plans
+        '{"target": {"1": -1.0, "2": -2.0}, "aux": {"1": -1.0}}',
+        '{"target": {"1": 0.0}}',
+        '{"target": {"1": Infinity}}',
+        '{"target": {"1": true}}',
+        '{"target": {"' + "1" * 5000 + '": 0.1}}',  # a row past int()'s digit limit
+        '{"target": {"7": 0.1}}',  # a row it did not time
+        '{"target": [], "aux": null}',
+        '{"other": {}}',
+        "[]",
+        '{"target": {"1": 1',
+    ],
+)
+def test_a_damaged_calibration_record_is_timed_again(record, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import mtad_edge.calibrate as calibrate
+    import mtad_edge.store as store
+    from mtad_edge.loader import ModelOptions
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path))
+    fresh = {"target": {1: 0.01, 2: 0.02, 3: 0.03}, "aux": {1: 0.005}}
+    monkeypatch.setattr(calibrate, "measure", lambda models, t, a: fresh)
+    pair = SimpleNamespace(target=tmp_path / "t.gguf", aux=tmp_path / "a.gguf")
+    models = SimpleNamespace(target=SimpleNamespace(), aux=SimpleNamespace(n_seq_max=3), pair=pair)
+    calibrate.calibrated_model(models, ModelOptions(), 2, 1, False)
+    (file,) = tmp_path.glob("calibration/*.json")
+    file.write_text(record)
+    model = calibrate.calibrated_model(models, ModelOptions(), 2, 1, False)
+    assert model.target.seed == fresh["target"] and model.aux.seed == fresh["aux"]
+    assert calibrate.stored_tables(store.read_json(file), {"target": [1, 2, 3], "aux": [1]}) == fresh
