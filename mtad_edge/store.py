@@ -91,10 +91,10 @@ def drop(file: Path) -> None:
 
 
 def read_json(file: Path) -> Optional[Any]:
-    """A record, or None when it is missing or damaged."""
+    """A record, or None when it is missing or damaged (nested too deeply for the parser too)."""
     try:
         return json.loads(file.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -610,3 +610,16 @@ def test_a_damaged_calibration_record_is_timed_again(record, tmp_path, monkeypat
     model = calibrate.calibrated_model(models, ModelOptions(), 2, 1, False)
     assert model.target.seed == fresh["target"] and model.aux.seed == fresh["aux"]
     assert calibrate.stored_tables(store.read_json(file), {"target": [1, 2, 3], "aux": [1]}) == fresh
+
+
+def test_a_cache_record_nested_too_deeply_is_missing_not_a_recursion_error(tmp_path, monkeypatch):
+    """Every record goes through store.read_json: a stamp, read at each start, was a traceback."""
+    import mtad_edge.store as store
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    store.stamp(model)
+    (record,) = tmp_path.glob("stamps/*.json")
+    record.write_text("[" * 200_000 + "]" * 200_000)
+    assert store.read_json(record) is None and store.stamped(model) is None
