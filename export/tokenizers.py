@@ -21,7 +21,8 @@ def _load(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        # False, not the default None: transformers would ask on a terminal whether to run the folder's code
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as e:  # missing or unreadable tokenizer files
         raise IncompatiblePairError(f"cannot load the tokenizer in {path}: {e}") from None
 

@@ -83,6 +83,39 @@ def test_mismatched_tokenizers_are_refused_before_anything_is_written(hf_tiny, t
     assert said and "different vocabularies" in said[0] and "100.0% of the target's tokens" in said[0]
 
 
+def _with_own_code(model_dir, out, mark):
+    """A copy whose tokenizer_config.json names a class the converter loads with trust_remote_code=True
+    (HybridDNA) and maps it to a .py file of the folder that writes ``mark`` when imported."""
+    import shutil
+
+    shutil.copytree(model_dir, out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg.update(tokenizer_class="HybridDNATokenizer", auto_map={"AutoTokenizer": ["evil.EvilTokenizer", None]})
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (out / "evil.py").write_text(
+        f"open({str(mark)!r}, 'w').write('ran')\n"
+        "from transformers import PreTrainedTokenizerFast\n\n\n"
+        "class EvilTokenizer(PreTrainedTokenizerFast):\n    pass\n"
+    )
+    return out
+
+
+def test_a_model_folder_never_runs_its_own_code(hf_tiny, tmp_path, monkeypatch):
+    """llama.cpp's converter asks for trust_remote_code=True for some tokenizer classes: the folder's
+    evil.py ran during a self-draft export. Our tokenizer check passes False, not None (None asks
+    on a terminal, where a "y" runs the code)."""
+    mark = tmp_path / "MARK"
+    evil = _with_own_code(hf_tiny, tmp_path / "evil", mark)
+    with pytest.raises(MtadEdgeError, match="needs its own Python code .*never runs code") as e:
+        export_gguf(GgufExport(evil, "from-target", tmp_path / "out", "Q8_0", "Q4_0"))
+    assert "\n" not in str(e.value) and not mark.exists()
+    monkeypatch.setattr("builtins.input", lambda prompt="": "y")
+    monkeypatch.setattr("transformers.dynamic_module_utils.TIME_OUT_REMOTE_CODE", 15)
+    with pytest.raises(IncompatiblePairError, match="cannot load the tokenizer"):
+        check_tokenizers(hf_tiny, evil)
+    assert not mark.exists()
+
+
 def test_interrupted_export_leaves_no_manifest(hf_tiny, tmp_path, monkeypatch):
     import mtad_edge.export.gguf as gguf_mod
 
