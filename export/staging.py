@@ -13,16 +13,40 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, json_problem, quoted
+from mtad_edge.runtime.llama_cpp_backend import LLAMA_MAX_LAYERS
 from mtad_edge.store import make_folder
 
 FROM_TARGET = "from-target"
 Progress = Callable[[str], None]
 
 
+# What the converters size their work by, read from config.json before they run: a layer count or
+# vocabulary of 10**30 made llama.cpp's converter build name tables until the OS killed it (a
+# million layers: hours), and transformers allocates an embedding of vocab_size rows.
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")  # the converter's names for it
+VOCAB_MAX = 1 << 21  # tokens: 8 times the largest vocabularies (Gemma's 262,144)
+SUB_CONFIGS = ("text_config", "llm_config", "lm_config")  # a multimodal model's language model, read too
+
+
 def check_hf_dir(path: Path, role: str) -> None:
+    """A Hugging Face model folder whose config.json is a JSON object with a layer count and a
+    vocabulary size (where it gives them) a model can have; else one line, before any work."""
     if not (path / "config.json").is_file():
         raise MtadEdgeError(f"--{role} {path}: not a Hugging Face model folder (no config.json)")
+    where = f"--{role} {path / 'config.json'}"
+    try:
+        config = json.loads((path / "config.json").read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
+        raise MtadEdgeError(f"{where}: not valid JSON ({json_problem(e)})") from None
+    if not isinstance(config, dict):
+        raise MtadEdgeError(f"{where}: not a JSON object but {quoted(config)}")
+    parts = [config] + [config[k] for k in SUB_CONFIGS if isinstance(config.get(k), dict)]
+    for part in parts:
+        for key, most in [(k, LLAMA_MAX_LAYERS) for k in LAYER_KEYS] + [("vocab_size", VOCAB_MAX)]:
+            value = part.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most):
+                raise MtadEdgeError(f"{where}: {key} must be an integer in 1..{most}, got {quoted(value)}")
 
 
 def preflight(

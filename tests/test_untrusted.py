@@ -623,3 +623,32 @@ def test_a_cache_record_nested_too_deeply_is_missing_not_a_recursion_error(tmp_p
     (record,) = tmp_path.glob("stamps/*.json")
     record.write_text("[" * 200_000 + "]" * 200_000)
     assert store.read_json(record) is None and store.stamped(model) is None
+
+
+# -- export: a Hugging Face folder's config.json, checked before the converters run -------------
+@pytest.mark.parametrize(
+    "config,needle",
+    [
+        ('{"num_hidden_layers": 1' + "0" * 30 + "}", r"num_hidden_layers must be an integer in 1\.\.512"),  # OOM kill
+        ('{"num_hidden_layers": 1000000}', "num_hidden_layers"),  # hours of the converter
+        ('{"text_config": {"num_hidden_layers": 0}}', "num_hidden_layers .* got 0"),
+        ('{"n_layer": "2"}', "n_layer .* got '2'"),
+        ('{"vocab_size": 10000000000}', r"vocab_size must be an integer in 1\.\.2097152"),  # MemoryError
+        ('{"vocab_size": 0}', "vocab_size"),  # the converter's bare AssertionError
+        ('{"vocab_size": true}', "vocab_size"),
+        ('{"vocab_size": 1' + "0" * 5000 + "}", "not valid JSON .*over 4300 digits"),
+        ("[" * 100_000 + "]" * 100_000, r"not valid JSON \(nested too deeply\)"),
+        ("[1, 2]", "not a JSON object"),
+        (b'{"model_type": "\xff"}', "not valid JSON .*utf-8"),
+    ],
+)
+def test_an_hf_folder_whose_config_sizes_are_absurd_is_one_line_before_converting(tmp_path, config, needle):
+    from mtad_edge.export.staging import check_hf_dir
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    (tmp_path / "config.json").write_bytes(config if isinstance(config, bytes) else config.encode())
+    with pytest.raises(MtadEdgeError, match=needle) as e:
+        check_hf_dir(tmp_path, "target")
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"--target {tmp_path / 'config.json'}: ")
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 30, "vocab_size": 262144, "n_layer": null}')
+    check_hf_dir(tmp_path, "target")
