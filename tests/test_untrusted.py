@@ -652,3 +652,20 @@ def test_an_hf_folder_whose_config_sizes_are_absurd_is_one_line_before_convertin
     assert "\n" not in str(e.value) and str(e.value).startswith(f"--target {tmp_path / 'config.json'}: ")
     (tmp_path / "config.json").write_text('{"num_hidden_layers": 30, "vocab_size": 262144, "n_layer": null}')
     check_hf_dir(tmp_path, "target")
+
+
+def test_a_converter_the_os_killed_is_named_as_killed_not_by_its_last_progress_line(tmp_path, monkeypatch):
+    """Out of memory, the converter's last stderr line was progress ("INFO:gguf.gguf_writer: ... Little
+    Endian only"), which the error quoted as the cause."""
+    import subprocess
+
+    import mtad_edge.export.gguf as gguf
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    def killed(cmd, **kw):
+        progress = "INFO:gguf.gguf_writer:gguf: This GGUF file is for Little Endian only\n"
+        return subprocess.CompletedProcess(cmd, -9, "", progress)
+
+    monkeypatch.setattr(gguf.subprocess, "run", killed)
+    with pytest.raises(MtadEdgeError, match=r"killed by SIGKILL while converting .* \(out of memory\?\)$"):
+        gguf.convert(tmp_path, tmp_path / "out.gguf", "f16")
