@@ -42,6 +42,8 @@ _REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<rev>[^/:]+))?(?:/(?P<file>
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _TRUE = {"1", "on", "yes", "true"}
+REPO_NAME_MAX = 96  # characters of an owner's or a repository's name on the hub
+NAME_MAX = 255  # bytes in one part of a path (Linux, macOS and Windows alike)
 Progress = Callable[[str], None]
 
 
@@ -77,7 +79,9 @@ def parse(ref: str) -> HubRef:
 def _inside(ref: HubRef) -> HubRef:
     """``ref``, when its repository, file and revision name places inside the hub cache's folder of
     that repository: a '..' or '.' part, an empty part, a backslash or an absolute path would reach
-    outside it (and load an unhashed local file), so it is refused."""
+    outside it (and load an unhashed local file), so it is refused. Names longer than the hub's
+    (REPO_NAME_MAX) or the OS's (NAME_MAX) are refused too: no file can have them, and every error
+    message names the reference whole (a 100,000-character owner made one of 100 kB)."""
     for what, value in (("repository", ref.repo), ("file", ref.file), ("revision", ref.revision)):
         if value is None:
             continue
@@ -89,6 +93,9 @@ def _inside(ref: HubRef) -> HubRef:
                 f"hub reference refused: its {what} {quoted(value)} is not {want} (no '..', '.' or empty parts, "
                 "no backslash, not absolute)"
             )
+        most = REPO_NAME_MAX if what == "repository" else NAME_MAX
+        if any(len(part.encode(errors="surrogatepass")) > most for part in parts):
+            raise MtadEdgeError(f"hub reference refused: its {what} {quoted(value)} has a part over {most} bytes")
     return ref
 
 

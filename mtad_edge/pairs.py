@@ -117,7 +117,7 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
 # -- the manifest's schema: every field a command reads, checked when the manifest is loaded ----------
 MANIFEST_MAX = 1 << 20  # bytes: a manifest names a few files; a bigger one is not a manifest
 CONTEXT_SIZE_MAX = 2**31 - 1  # llama.cpp's n_ctx is 32-bit; the model's trained context bounds it at load
-NAME_MAX = 255  # bytes in one part of a path (Linux, macOS and Windows alike)
+NAME_MAX = hub.NAME_MAX  # bytes in one part of a path (Linux, macOS and Windows alike)
 GPU_LAYERS_MAX = 2**31 - 1  # llama.cpp's n_gpu_layers is 32-bit too (ctypes would wrap a bigger one silently)
 SOURCE_KINDS = ("pypi-file", "pypi-assemble", "local", "hf")
 TEMPLATE_SOURCES = ("gguf", "builtin", "tokenizer_config")

@@ -669,3 +669,22 @@ def test_a_converter_the_os_killed_is_named_as_killed_not_by_its_last_progress_l
     monkeypatch.setattr(gguf.subprocess, "run", killed)
     with pytest.raises(MtadEdgeError, match=r"killed by SIGKILL while converting .* \(out of memory\?\)$"):
         gguf.convert(tmp_path, tmp_path / "out.gguf", "f16")
+
+
+@pytest.mark.parametrize(
+    "ref,what",
+    [
+        ("hf:" + "a" * 100_000 + "/b", "repository"),  # its error message was 100 kB long
+        ("hf:a/" + "b" * 97 + ":Q4_K_M", "repository"),
+        ("hf:a/b/" + "x" * 300 + ".gguf", "file"),
+        ("hf:a/b@" + "v" * 300 + "/x.gguf", "revision"),
+    ],
+)
+def test_a_hub_reference_with_a_name_no_file_can_have_is_a_short_error(ref, what):
+    from mtad_edge import hub
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    with pytest.raises(MtadEdgeError, match=f"hub reference refused: its {what} .* has a part over") as e:
+        hub.parse(ref)
+    assert len(str(e.value)) < 200
+    assert hub.parse("hf:" + "a" * 96 + "/b/" + "x" * 250 + ".gguf").repo == "a" * 96 + "/b"
