@@ -40,6 +40,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 _TRIES = 3  # attempts for a transfer that breaks off (huggingface_hub 0.x resumes the partial file, later ones restart)
 _REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<rev>[^/:]+))?(?:/(?P<file>.+)|:(?P<quant>[\w.-]+))?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")  # what huggingface_hub writes into the cache's refs/REVISION
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _TRUE = {"1", "on", "yes", "true"}
 REPO_NAME_MAX = 96  # characters of an owner's or a repository's name on the hub
@@ -240,7 +241,12 @@ def _snapshot_dir(ref: HubRef) -> Optional[Path]:
     folder = cache_dir() / ("models--" + ref.repo.replace("/", "--"))
     commit = ref.revision
     if (folder / "refs" / ref.revision).is_file():
-        commit = (folder / "refs" / ref.revision).read_text().strip()
+        try:
+            commit = (folder / "refs" / ref.revision).read_text().strip()
+        except (OSError, ValueError):  # unreadable or not text: a damaged cache is a cache without it
+            return None
+        if not _COMMIT.match(commit):  # a damaged ref ('../..' would name a folder outside the cache)
+            return None
     snapshot = folder / "snapshots" / commit
     return snapshot if snapshot.is_dir() else None
 

@@ -688,3 +688,26 @@ def test_a_hub_reference_with_a_name_no_file_can_have_is_a_short_error(ref, what
         hub.parse(ref)
     assert len(str(e.value)) < 200
     assert hub.parse("hf:" + "a" * 96 + "/b/" + "x" * 250 + ".gguf").repo == "a" * 96 + "/b"
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"../../../../elsewhere", b"main", b""])
+def test_a_damaged_ref_in_the_hub_cache_is_a_file_not_cached(tmp_path, monkeypatch, content):
+    """huggingface_hub's refs/REVISION holds a commit: one that is not text was a UnicodeDecodeError
+    traceback (`models list`, every run of the pair); '../..' named a folder outside the cache."""
+    from mtad_edge import hub
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = tmp_path / "hub" / "models--a--b"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    for snapshot in (repo / "snapshots" / commit, tmp_path / "elsewhere"):
+        snapshot.mkdir(parents=True)
+        (snapshot / "m-Q8_0.gguf").write_bytes(b"GGUF")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_bytes(content)
+    assert hub.cached("hf:a/b:Q8_0") is None
+    with pytest.raises(MtadEdgeError, match="offline .* not in the cache"):
+        hub.fetch("hf:a/b:Q8_0")
+    (repo / "refs" / "main").write_text(commit)
+    assert hub.cached("hf:a/b:Q8_0") == repo / "snapshots" / commit / "m-Q8_0.gguf"
