@@ -152,3 +152,17 @@ def test_tune_measures_saves_and_auto_starts_from_the_floor(smol_files, tmp_path
         own = engine.generate("Once upon a time", method="mtad", max_tokens=8, temperature=1.0, gamma_min=5)
         own.text()
         assert own.stats.gamma_min == 5
+
+
+def test_a_cache_that_refuses_the_floor_is_one_line_naming_it(smol_files, tmp_path, monkeypatch):
+    """After minutes of measuring, an unwritable cache was an OSError traceback and the record was lost."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(floors, "folder", lambda: blocker / "floors")  # under a file: NotADirectoryError
+    record = {"floor": 2, "reference": 4, "gammas": {}}
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: record)
+    pair = ["--target", str(smol_files.target), "--aux", str(smol_files.aux), "--ctx-size", "64"]
+    r = CliRunner().invoke(cli, ["tune", *pair, "--json"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "floor 2 measured, but the cache refused it: Not a directory" in r.output
+    assert json.loads(r.stdout.splitlines()[0]) == record  # the measurement is not lost

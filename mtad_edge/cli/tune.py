@@ -14,7 +14,9 @@ import mtad_edge.floors as floors
 import mtad_edge.tune as tuning
 from mtad_edge.bench.run import load_prompts
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, request_option
+from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.runtime.llama_cpp_backend import default_threads
+from mtad_edge.store import os_error
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
@@ -116,7 +118,12 @@ def tune(
             f"{_fmt(row['tokens_per_s'], '.1f'):>7}{verdict}",
             err=True,
         )
-    where = "not saved (--dry-run)" if dry_run else f"saved to {floors.save(pair, cfg, record)}"
-    click.echo(f"floor: gamma 'auto' drafts at least {record['floor']} for these options ({where})", err=True)
-    if as_json:
+    if as_json:  # first: the minutes of measuring are kept even when the cache refuses the record
         click.echo(json.dumps(record))
+    try:
+        where = "not saved (--dry-run)" if dry_run else f"saved to {floors.save(pair, cfg, record)}"
+    except OSError as e:
+        raise MtadEdgeError(
+            f"floor {record['floor']} measured, but the cache refused it: {os_error(e)} (--json prints the record)"
+        ) from None
+    click.echo(f"floor: gamma 'auto' drafts at least {record['floor']} for these options ({where})", err=True)
