@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.errors import MtadEdgeError, first_line
 from mtad_edge.store import sha256_file
 
 from .staging import Progress, pair_manifest, preflight, publish, staging
@@ -39,9 +39,12 @@ def export_fp32(hf_dir: Path, dest: Path) -> None:
     from optimum.exporters.onnx import main_export
 
     try:
-        main_export(str(hf_dir), output=str(dest), task="text-generation-with-past", device="cpu")
+        # a model folder never runs its own code (said here, not left to optimum's default)
+        main_export(
+            str(hf_dir), output=str(dest), task="text-generation-with-past", device="cpu", trust_remote_code=False
+        )
     except Exception as e:  # unsupported architecture, bad checkpoint, ...
-        raise MtadEdgeError(f"optimum could not export {hf_dir} to ONNX: {e}") from None
+        raise MtadEdgeError(f"optimum could not export {hf_dir} to ONNX: {first_line(e)}") from None
 
 
 def quantize_onnx(src: Path, dest: Path, quant: str, block_size: int, accuracy_level: int) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mtad_edge.runtime.compat import mismatch_verdict
-from mtad_edge.runtime.errors import IncompatiblePairError, json_problem
+from mtad_edge.runtime.errors import IncompatiblePairError, first_line
 from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, build_map, piece_bytes, token_keys
 
 SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -24,7 +24,7 @@ def _load(path: Path) -> Any:
         # False, not the default None: transformers would ask on a terminal whether to run the folder's code
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as e:  # missing or unreadable tokenizer files; transformers' messages run to several lines
-        raise IncompatiblePairError(f"cannot load the tokenizer in {path}: {json_problem(e)}") from None
+        raise IncompatiblePairError(f"cannot load the tokenizer in {path}: {first_line(e)}") from None
 
 
 def first_difference(t: Any, a: Any) -> Optional[str]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import mtad_edge.store as store
-from mtad_edge.runtime.errors import MtadEdgeError, quoted
+from mtad_edge.runtime.errors import MtadEdgeError, first_line, quoted
 
 PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when a reference names no file
@@ -388,9 +388,7 @@ def _call(ref: HubRef, fn, transfer: bool = False):
         raise MtadEdgeError(f"{ref}: {ref.repo} has no file {ref.file}") from None
     except errors.HfHubHTTPError as e:
         status = getattr(getattr(e, "response", None), "status_code", "?")
-        raise MtadEdgeError(
-            f"{ref}: the hub at {endpoint()} answered HTTP {status}: {str(e).strip().splitlines()[0]}"
-        ) from None
+        raise MtadEdgeError(f"{ref}: the hub at {endpoint()} answered HTTP {status}: {first_line(e)}") from None
     except Exception as e:
         if not _is_network_error(e):
             raise

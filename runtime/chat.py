@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ModelLoadError, quoted
+from .errors import ModelLoadError, first_line, quoted
 
 # A template's `*` may repeat a string or list into at most this many items: real templates
 # repeat a few spaces, and a template that asks for gigabytes is not one (a model file is untrusted).
@@ -63,7 +63,7 @@ def render(template: str, messages: list[dict[str, str]], add_assistant: bool = 
 
 
 def _line(e: BaseException) -> str:
-    return quoted(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, bare=True)
+    return quoted(first_line(e), bare=True)
 
 
 def _sandbox() -> Any:

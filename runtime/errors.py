@@ -43,7 +43,14 @@ def json_problem(e: BaseException) -> str:
         return str(e)
     if isinstance(e, ValueError) and "digits" in str(e):
         return f"a number over {sys.get_int_max_str_digits()} digits long"
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return first_line(e)
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message as a one-line error quotes it: its first non-empty line (another
+    library's messages run to several), else its type's name."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(e).__name__
 
 
 # Characters of a user's value an error message quotes: enough to recognise it, never the whole

@@ -22,7 +22,7 @@ import numpy as np
 
 from .backend import Batch, VocabInfo, check_trained_context
 from .chat import render
-from .errors import ModelLoadError, MtadEdgeError, json_problem, quoted
+from .errors import ModelLoadError, MtadEdgeError, first_line, json_problem, quoted
 from .ort_kv import DeviceKV, HostKV
 from .vocab import piece_bytes
 
@@ -114,7 +114,7 @@ class OrtBackend:
             self._sess = ort.InferenceSession(str(self.path), opts, providers=providers)
             self._tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
         except Exception as e:
-            raise ModelLoadError(f"onnxruntime could not load {self.path}: {str(e).splitlines()[0]}") from None
+            raise ModelLoadError(f"onnxruntime could not load {self.path}: {first_line(e)}") from None
         providers = self._sess.get_providers()  # what the session got: CUDA falls back to CPU without a GPU
         if config.provider == "cuda" and providers[0] != "CUDAExecutionProvider":
             raise ModelLoadError(

@@ -231,3 +231,21 @@ def test_interrupted_onnx_export_leaves_no_manifest(hf_tiny, tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         export_onnx(OnnxExport(hf_tiny, "from-target", out))
     assert list(out.iterdir()) == []
+
+
+def test_an_onnx_export_never_runs_a_model_folders_own_code(hf_tiny, tmp_path):
+    """optimum reads the folder with transformers in this process: the folder's own code is refused
+    there as in llama.cpp's converter, in one line."""
+    pytest.importorskip("optimum.exporters.onnx")
+    from mtad_edge.export import OnnxExport, export_onnx
+
+    mark = tmp_path / "MARK"
+    evil = _with_own_code(hf_tiny, tmp_path / "evil", mark)
+    cfg = json.loads((evil / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "evil.EvilModel", "AutoConfig": "evil.EvilConfig"}
+    (evil / "config.json").write_text(json.dumps(cfg))
+    try:
+        export_onnx(OnnxExport(evil, "from-target", tmp_path / "out"))
+    except MtadEdgeError as e:
+        assert "\n" not in str(e), str(e)
+    assert not mark.exists()

@@ -711,3 +711,12 @@ def test_a_damaged_ref_in_the_hub_cache_is_a_file_not_cached(tmp_path, monkeypat
         hub.fetch("hf:a/b:Q8_0")
     (repo / "refs" / "main").write_text(commit)
     assert hub.cached("hf:a/b:Q8_0") == repo / "snapshots" / commit / "m-Q8_0.gguf"
+
+
+def test_another_librarys_message_is_quoted_as_one_line():
+    """Messages of onnxruntime, optimum, transformers and the hub client run to several lines, or
+    to none (an empty message was an IndexError where the first line was taken)."""
+    from mtad_edge.runtime.errors import first_line
+
+    assert first_line(ValueError("\n  bad config  \nsee the docs\n")) == "bad config"
+    assert first_line(RuntimeError("")) == first_line(RuntimeError(" \n ")) == "RuntimeError"
