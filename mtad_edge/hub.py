@@ -38,7 +38,7 @@ PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when a reference names no file
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _TRIES = 3  # attempts for a transfer that breaks off (huggingface_hub 0.x resumes the partial file, later ones restart)
-_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<rev>[^/:]+))?(?:/(?P<file>.+)|:(?P<quant>[\w.-]+))?$")
+_REF = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<rev>[^/:]+))?(?:/(?P<file>.+)|:(?P<quant>[\w.-]+))?")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")  # what huggingface_hub writes into the cache's refs/REVISION
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
@@ -71,7 +71,7 @@ def is_ref(value: object) -> bool:
 
 def parse(ref: str) -> HubRef:
     """``hf:OWNER/REPO[@REV][/FILE.gguf | :QUANT]`` -> HubRef (bad syntax is a one-line error)."""
-    m = _REF.match(ref[len(PREFIX) :] if is_ref(ref) else "")
+    m = _REF.fullmatch(ref[len(PREFIX) :] if is_ref(ref) else "")
     if not m or (m["file"] and not m["file"].lower().endswith(".gguf")):
         raise MtadEdgeError(f"{quoted(ref)} is not a hub reference: use hf:OWNER/REPO/FILE.gguf or hf:OWNER/REPO:QUANT")
     return _inside(HubRef(m["repo"], m["file"], m["quant"].upper() if m["quant"] else None, m["rev"] or "main"))

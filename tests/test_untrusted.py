@@ -306,6 +306,8 @@ def test_a_bad_aux_gpu_layers_is_one_line_from_the_command_and_the_api(tmp_path)
         "hf:a/b//etc/x.gguf",
         "hf:a/b/./x.gguf",
         "hf:a/b/dir\\..\\x.gguf",
+        "hf:a/b/x.gguf\n",  # $ matched before the newline: read as x.gguf
+        "hf:a/b:Q4_K_M\n",
     ],
 )
 def test_a_hub_reference_with_dot_dot_or_an_absolute_part_is_refused(ref):
