@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from mtad_edge.runtime.errors import MtadEdgeError, json_problem, quoted
+from mtad_edge.runtime.errors import MtadEdgeError, json_int, json_problem, quoted
 from mtad_edge.runtime.llama_cpp_backend import LLAMA_MAX_LAYERS
 from mtad_edge.store import make_folder
 
@@ -45,7 +45,7 @@ def check_hf_dir(path: Path, role: str) -> None:
     for part in parts:
         for key, most in [(k, LLAMA_MAX_LAYERS) for k in LAYER_KEYS] + [("vocab_size", VOCAB_MAX)]:
             value = part.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most):
+            if value is not None and not json_int(value, 1, most):
                 raise MtadEdgeError(f"{where}: {key} must be an integer in 1..{most}, got {quoted(value)}")
 
 
@@ -102,7 +102,7 @@ def trained_context(hf_dir: Path) -> Optional[int]:
         n = json.loads((hf_dir / "config.json").read_text()).get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):
         return None
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+    return n if json_int(n, 1) else None
 
 
 def pair_manifest(

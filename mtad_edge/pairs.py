@@ -33,7 +33,7 @@ from typing import Optional
 import mtad_edge.hub as hub
 import mtad_edge.store as store
 from mtad_edge.models import MANIFEST_DIR
-from mtad_edge.runtime.errors import MtadEdgeError, json_problem, quoted
+from mtad_edge.runtime.errors import MtadEdgeError, json_int, json_problem, quoted
 
 DEFAULT_PAIR = "smollm2-135m"
 HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
@@ -108,7 +108,7 @@ def load_manifest(name_or_path: str | os.PathLike) -> Manifest:
     except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep, ...
         raise MtadEdgeError(f"cannot read manifest {p}: {quoted(json_problem(e), bare=True)}") from None
     missing = [k for k in ("schema", "name", "target", "aux") if not isinstance(data, dict) or k not in data]
-    if missing or type(data.get("schema")) is not int or data["schema"] != 1:  # true and 1.0 equal 1 too
+    if missing or not json_int(data.get("schema"), 1, 1):  # true and 1.0 equal 1 too
         raise MtadEdgeError(f"{p} is not a schema-1 mtad-edge manifest (missing {', '.join(missing) or 'schema 1'})")
     check_manifest(data, p, builtin)
     return Manifest(data, p.resolve(), builtin)
@@ -165,7 +165,7 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
         need(data.get(field) is None or isinstance(data[field], str), field, "a string", data.get(field))
     for field, hi in (("context_size", CONTEXT_SIZE_MAX), ("vocab_size", CONTEXT_SIZE_MAX)):
         value = data.get(field)
-        ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= hi)
+        ok = value is None or json_int(value, 1, hi)
         need(ok, field, f"an integer in 1..{hi}", value)
     value = data.get("aux_gpu_layers")
     need(value is None or valid_gpu_layers(value), "aux_gpu_layers", f"an integer in -1..{GPU_LAYERS_MAX}", value)
@@ -211,7 +211,7 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
 
 def valid_gpu_layers(value: object) -> bool:
     """An n_gpu_layers llama.cpp takes: -1 (every layer) or a count that fits its 32-bit field."""
-    return isinstance(value, int) and not isinstance(value, bool) and -1 <= value <= GPU_LAYERS_MAX
+    return json_int(value, -1, GPU_LAYERS_MAX)
 
 
 def _is(p: Path, test: Callable[[Path], bool]) -> bool:

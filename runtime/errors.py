@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import reprlib
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard
 
 
 class MtadEdgeError(Exception):
@@ -31,6 +31,12 @@ class IncompatiblePairError(MtadEdgeError):
 
 class ContextOverflowError(MtadEdgeError):
     """The prompt does not fit in the context window."""
+
+
+def json_int(value: Any, lo: Optional[int] = None, hi: Optional[int] = None) -> TypeGuard[int]:
+    """``value`` (read from JSON) is an integer in lo..hi: not a bool, which Python counts as one,
+    and not a float such as 1.0."""
+    return type(value) is int and (lo is None or lo <= value) and (hi is None or value <= hi)
 
 
 def json_problem(e: BaseException) -> str:

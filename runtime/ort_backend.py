@@ -22,7 +22,7 @@ import numpy as np
 
 from .backend import Batch, VocabInfo, check_trained_context
 from .chat import render
-from .errors import ModelLoadError, MtadEdgeError, first_line, json_problem, quoted
+from .errors import ModelLoadError, MtadEdgeError, first_line, json_int, json_problem, quoted
 from .ort_kv import DeviceKV, HostKV
 from .vocab import piece_bytes
 
@@ -68,7 +68,7 @@ def _kv_shape(cfg: dict[str, Any], path: Path) -> tuple[int, int]:
 
     def positive(key: str, default: Any = None) -> int:
         value = cfg.get(key, default)
-        if type(value) is not int or value < 1:
+        if not json_int(value, 1):
             raise ModelLoadError(f"{path}: {key} must be a positive integer, not {quoted(value)}")
         return value
 
@@ -147,7 +147,7 @@ class OrtBackend:
         self._special = {t: self._tok.token_to_id(v) for t, v in specials.items() if v}
         eos = cfg.get("eos_token_id")
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
-        if not all(type(t) is int for t in eos_ids):
+        if not all(json_int(t) for t in eos_ids):
             raise ModelLoadError(f"{d / 'config.json'}: eos_token_id must be a token id or a list of them")
         self._eog = set(eos_ids)
         if self._special.get("eos_token") is not None:
