@@ -209,8 +209,7 @@ def _check_metadata(reader: Any, src: Path, k: int) -> None:
 def _check_heads(reader: Any, src: Path) -> None:
     """At least one head and one KV head in each layer, the KV heads dividing the heads (grouped
     attention): llama.cpp refuses any other file at load, after widen had written all of it."""
-    heads = _per_layer(reader.fields[_SCALED[2]].contents())
-    kv = _per_layer(reader.fields[_SCALED_KV].contents()) if _SCALED_KV in reader.fields else heads
+    heads, kv = _heads(reader.fields)
     if len(heads) == 1 or len(kv) == 1:
         heads, kv = heads * len(kv), kv * len(heads)
     if len(heads) != len(kv) or not all(h >= 1 and n >= 1 and h % n == 0 for h, n in zip(heads, kv)):
@@ -220,13 +219,19 @@ def _check_heads(reader: Any, src: Path) -> None:
         )
 
 
+def _heads(fields: Any) -> tuple[list[int], list[int]]:
+    """Heads and KV heads as the metadata gives them (one count, or one per layer); no
+    head_count_kv means as many KV heads as heads."""
+    heads = _per_layer(fields[_SCALED[2]].contents())
+    return heads, _per_layer(fields[_SCALED_KV].contents()) if _SCALED_KV in fields else heads
+
+
 def _check_shapes(reader: Any, src: Path) -> None:
     """Every tensor has the shape the metadata gives it (so its widened copy has the widened
     metadata's): llama.cpp refused a wrong one only at load, after widen had written all of it."""
     fields = reader.fields
     embd = _per_layer(fields[_SCALED[0]].contents())[0]
-    ffs, heads = _per_layer(fields[_SCALED[1]].contents()), _per_layer(fields[_SCALED[2]].contents())
-    kvs = _per_layer(fields[_SCALED_KV].contents()) if _SCALED_KV in fields else heads
+    ffs, (heads, kvs) = _per_layer(fields[_SCALED[1]].contents()), _heads(fields)
     vocab = next((_shape(t)[0] for t in reader.tensors if t.name == "token_embd.weight"), None)
     for t in reader.tensors:
         m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", t.name)
