@@ -116,6 +116,23 @@ def test_a_model_folder_never_runs_its_own_code(hf_tiny, tmp_path, monkeypatch):
     assert not mark.exists() and "\n" not in str(e.value)  # transformers' message is three lines
 
 
+def test_a_folder_without_weights_is_refused_not_exported(hf_tiny, tmp_path):
+    """The converter turns a folder with no weight files into a GGUF with no tensors and exits 0;
+    that export used to "succeed" and fail only when the pair was loaded."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(hf_tiny, bare, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["export", "gguf", "--target", str(bare), "--aux", "from-target", "--out", str(out)])
+    assert r.exit_code == 1, r.output
+    assert (
+        r.stderr.strip().splitlines()[-1]
+        == f"Error: {bare}: no weights found (model*.safetensors or pytorch_model*.bin)"
+    )
+    assert not (out / "manifest.json").exists() and not list(out.glob("*.gguf"))
+
+
 def test_interrupted_export_leaves_no_manifest(hf_tiny, tmp_path, monkeypatch):
     import mtad_edge.export.gguf as gguf_mod
 
