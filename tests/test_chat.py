@@ -28,6 +28,21 @@ def test_piped_chat_runs_commands_and_answers(smol_files):
     assert "unknown command /bogus" in err
 
 
+@pytest.mark.parametrize("stdin_errors", ["strict", "surrogateescape"])
+def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(smol_files, stdin_errors):
+    """A strict stdin (a UTF-8 locale's) raised UnicodeDecodeError out of input(), a traceback; a lenient
+    one passed the bytes to the template's check, whose error ended the chat. Both lost the chat."""
+    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
+    env = {**os.environ, "PYTHONIOENCODING": f"utf-8:{stdin_errors}"}
+    cmd = [exe, "chat", "--max-tokens", "8", "--seed", "1", "--ctx-size", "512"]
+    r = subprocess.run(cmd, input=b"\xff\xfe hi\nSay ok.\n", capture_output=True, env=env, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err
+    assert "(not sent: " in err and "not valid UTF-8" in err
+    answers = [line.strip("> ") for line in r.stdout.decode().splitlines() if line.strip("> ")]
+    assert len(answers) == 1 and answers[0]  # the next line was answered
+
+
 @pytest.fixture
 def engine(smol_files):
     from mtad_edge.engine import Engine

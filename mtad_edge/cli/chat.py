@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
-from mtad_edge.runtime.errors import ContextOverflowError
+from mtad_edge.runtime.errors import ContextOverflowError, OptionError
 from mtad_edge.runtime.methods import names as method_names
 from mtad_edge.signals import interrupts
 
@@ -72,6 +72,10 @@ class ChatSession:
                     return None
                 del self.turns[:2]  # the oldest user message and its answer
                 _info("(dropped the oldest turn to fit the context)")
+            except OptionError as e:  # the line itself was refused (not UTF-8 text): the chat goes on
+                self.turns.pop()
+                _info(f"(not sent: {e})")
+                return None
 
     def turn(self, text: str) -> None:
         self.turns.append({"role": "user", "content": text})
@@ -114,6 +118,8 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
     interrupts.handled()  # from here Ctrl-C at the prompt raises KeyboardInterrupt, as usual
     method = cfg.method
     session = ChatSession(engine, method, system, drop_oldest)
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not text reach the turn (one line refused), not the reader
+        sys.stdin.reconfigure(errors="surrogateescape")
     _info(f"mtad-edge chat ({model.label}, method {method}). {HELP}")
     try:
         while True:
