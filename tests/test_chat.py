@@ -24,7 +24,9 @@ def test_piped_chat_runs_commands_and_answers(smol_files):
     assert len(answers) == 2 and all(answers)
     err = r.stderr
     assert "mtad: " in err and "block efficiency" in err  # /stats
-    assert "(method: ar)" in err and "choose from" in err and "(conversation cleared)" in err
+    assert (
+        "(method: ar)" in err and "(no method 'nope'; still ar; choose from" in err and "(conversation cleared)" in err
+    )
     assert "unknown command /bogus" in err
 
 

@@ -49,11 +49,14 @@ class ChatSession:
         elif cmd == "/stats":
             _info(self.last_stats.summary() if self.last_stats else "(no answer yet)")
         elif cmd == "/method":
+            choices = ", ".join(method_names())
             if arg.strip() in method_names():
                 self.method = arg.strip()
                 _info(f"(method: {self.method})")
+            elif arg.strip():
+                _info(f"(no method {arg.strip()!r}; still {self.method}; choose from {choices})")
             else:
-                _info(f"(method is {self.method}; choose from {', '.join(method_names())})")
+                _info(f"(method is {self.method}; choose from {choices})")
         elif cmd == "/help":
             _info(HELP)
         else:
