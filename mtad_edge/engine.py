@@ -134,7 +134,7 @@ class Response:
 _LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))
 
 
-def _check_text(text: Any, param: str, what: Optional[str] = None) -> None:
+def check_text(text: Any, param: str, what: Optional[str] = None) -> None:
     """A prompt or message must be a str that UTF-8 can encode: a lone surrogate (what Python
     makes of invalid UTF-8 in a command-line argument, or a JSON "\\udcff" escape) cannot be
     tokenized."""
@@ -240,7 +240,7 @@ class Engine:
         load-time calibration (its text depends on the seed only), an unseeded one what the engine
         has learned from the calls it made; True: what it learned, seed or not (``bench``: the
         speed an unseeded user gets, with seeds so that variants sample alike)."""
-        _check_text(prompt, "prompt")
+        check_text(prompt, "prompt")
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
@@ -278,8 +278,8 @@ class Engine:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts", "messages")
         for m in messages:
-            _check_text(m.get("role"), "messages", "each message's role")
-            _check_text(m.get("content"), "messages", "each message's content")
+            check_text(m.get("role"), "messages", "each message's role")
+            check_text(m.get("content"), "messages", "each message's content")
         return self._require_open().render_chat(messages)
 
     def score(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:

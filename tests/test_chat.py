@@ -45,6 +45,16 @@ def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(smol_files, std
     assert len(answers) == 1 and answers[0]  # the next line was answered
 
 
+def test_a_system_message_that_is_not_utf8_is_refused_before_the_load(smol_files):
+    """It was sent with every turn, so every line was refused and the chat could say nothing."""
+    r = CliRunner().invoke(cli, ["chat", "--system", "be \udcff brief"], input="hi\n")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert (
+        r.stderr.strip()
+        == "Error: --system is not valid UTF-8 text: b'\\xff' at character 3 (undecodable bytes or lone surrogates)"
+    )
+
+
 @pytest.fixture
 def engine(smol_files):
     from mtad_edge.engine import Engine

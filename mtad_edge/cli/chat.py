@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
+from mtad_edge.engine import check_text
 from mtad_edge.runtime.errors import ContextOverflowError, OptionError
 from mtad_edge.runtime.methods import names as method_names
 from mtad_edge.signals import interrupts
@@ -113,6 +114,8 @@ class ChatSession:
 def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: Any) -> None:
     """Chat with the model in the terminal (the pair's chat template, streaming answers)."""
     cfg = decode_config(**decode)
+    if system is not None:
+        check_text(system, "system", "--system")  # before the load: it is part of every turn
     interrupts.hold()  # a signal during the load ends the command once it is loaded
     engine = model.engine(cfg)
     if interrupts.code:
