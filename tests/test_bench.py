@@ -163,6 +163,9 @@ def test_run_order_is_a_seeded_permutation_that_moves_every_variant():
         ('{"prompt": "a"}\n{"n": ' + "9" * 5000 + "}\n", "line 2: not JSON (a number over 4300 digits long)"),
         ("[" * 30000 + "]" * 30000, "line 1: not JSON (nested too deeply)"),  # was a RecursionError traceback
         (b'{"prompt": "\xff"}\n', "not UTF-8 text"),  # was a UnicodeDecodeError traceback
+        # these two failed only when their prompt's turn came, after the prompts before it had run
+        ('{"prompt": "a"}\n{"prompt": ""}\n', "line 2: the 'prompt' is empty"),
+        ('{"prompt": "a"}\n{"prompt": "\\udcff"}\n', "line 2: the 'prompt' is not valid UTF-8 text: b'\\xff'"),
     ],
 )
 def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):

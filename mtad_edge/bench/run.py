@@ -21,7 +21,7 @@ from mtad_edge.bench.judge import Judge
 from mtad_edge.bench.lookup import keepable
 from mtad_edge.bench.quality import quality, run_counts
 from mtad_edge.bench.variants import Variant
-from mtad_edge.engine import Engine
+from mtad_edge.engine import Engine, check_text
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 
@@ -101,6 +101,13 @@ def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
             isinstance(item.get("prompt"), str) or isinstance(item.get("messages"), list)
         ):
             raise MtadEdgeError(f"{where} line {n}: needs a 'prompt' string or a 'messages' list")
+        if "messages" not in item:  # checked here, with its line, not when its turn to run comes
+            if not item["prompt"]:
+                raise MtadEdgeError(f"{where} line {n}: the 'prompt' is empty")
+            try:
+                check_text(item["prompt"], "prompt", "the 'prompt'")
+            except MtadEdgeError as e:
+                raise MtadEdgeError(f"{where} line {n}: {e}") from None
         item.setdefault("id", f"p{len(items) + 1}")
         items.append(item)
     if not items:
