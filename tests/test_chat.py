@@ -97,6 +97,15 @@ def test_context_full_refuses_or_drops_oldest_turns(engine, capsys):
     assert d.turns[-1]["role"] == "assistant" and len(d.turns) < 8
 
 
+def test_a_line_too_long_alone_is_not_told_to_reset(engine, capsys):
+    """/reset and --drop-oldest drop earlier turns; with none, that advice could not help."""
+    s = ChatSession(engine, "ar", "You are terse.", drop_oldest=True, out=Sink())
+    s.turn("Tell me about rivers. " * 200)
+    err = capsys.readouterr().err
+    assert "context full" in err and "raise --ctx-size" in err and "/reset" not in err and "--drop-oldest" not in err
+    assert s.turns == []
+
+
 def _tmux(*args):
     return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
 

@@ -71,8 +71,12 @@ class ChatSession:
                 return self.engine.chat(self.system + self.turns, method=self.method)
             except ContextOverflowError as e:
                 if not self.drop_oldest or len(self.turns) <= 1:
+                    earlier = len(self.turns) > 1  # else the line alone (with --system) overflows: no turn to drop
                     self.turns.pop()
-                    _info(f"context full: {e}. Use /reset, or start the chat with --drop-oldest.")
+                    _info(
+                        f"context full: {e}."
+                        + (" Use /reset, or start the chat with --drop-oldest." if earlier else "")
+                    )
                     return None
                 del self.turns[:2]  # the oldest user message and its answer
                 _info("(dropped the oldest turn to fit the context)")
