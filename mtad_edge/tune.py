@@ -29,7 +29,7 @@ import numpy as np
 
 from mtad_edge.bench.paired import interval, ppl_ratio, resampled
 from mtad_edge.bench.quality import pooled_ppl
-from mtad_edge.bench.run import BenchConfig, run_bench
+from mtad_edge.bench.run import BenchConfig, rendered_prompts, run_bench
 from mtad_edge.bench.variants import make
 from mtad_edge.engine import Engine
 from mtad_edge.floors import has_floor, reference
@@ -86,6 +86,7 @@ def tune(
     ignored). The record's ``gammas``: per gamma measured, pooled PPL, tok/s, generated tokens
     and (below the reference) the PPL ratio with its interval."""
     check_tunable(cfg)
+    rendered_prompts(engine, prompts)  # a prompt that cannot run fails now, not after minutes of tuning
     ref = reference(cfg)
     base = dataclasses.replace(cfg, gamma=ref, gamma_min=None, seed=cfg.seed or 0)
     rng = np.random.default_rng(0)

@@ -175,6 +175,28 @@ def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):
     assert r.exit_code == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_a_prompt_that_cannot_run_fails_before_the_prompts_before_it_run(tmp_path, smol_files, command, monkeypatch):
+    """A prompt longer than the context, or chat messages that do not render, ended a bench or a
+    tune when their turn came, after the prompts before them had run."""
+    import mtad_edge.bench.run as bench_run
+
+    ran = []
+    monkeypatch.setattr(bench_run, "measure", lambda *a, **k: ran.append(a) or pytest.fail("a run started"))
+    pair = ["--target", str(smol_files.target), "--aux", str(smol_files.aux), "--ctx-size", "64"]
+    out = [] if command == "tune" else ["--out", str(tmp_path / "o"), "--methods", "ar,mtad"]
+    for second, needle in [
+        ('{"prompt": "' + "word " * 300 + '"}', "prompt 'p2' has 301 tokens, more than the context holds"),
+        ('{"messages": [{"role": "user", "content": "\\udcff"}]}', "prompt 'p2': each message's content is not valid"),
+    ]:
+        prompts = tmp_path / "p.jsonl"
+        prompts.write_text('{"prompt": "Once upon a time"}\n' + second + "\n")
+        r = CliRunner().invoke(cli, [command, *pair, "--prompts", str(prompts), "--max-tokens", "8", *out])
+        assert r.exit_code == 1 and needle in r.stderr and "Traceback" not in r.output, r.output
+    assert ran == [] and not (tmp_path / "o" / "results.json").exists()
+
+
 @pytest.mark.parametrize("methods", ["beams", "ar,nope", ","])
 def test_bad_methods_are_usage_errors(methods):
     r = CliRunner().invoke(cli, ["bench", "--methods", methods])

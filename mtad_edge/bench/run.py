@@ -23,7 +23,7 @@ from mtad_edge.bench.quality import quality, run_counts
 from mtad_edge.bench.variants import Variant
 from mtad_edge.engine import Engine, check_text
 from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.errors import MtadEdgeError, json_problem
+from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, json_problem
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,26 @@ def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
 def render(engine: Engine, item: dict[str, Any]) -> str:
     """The prompt text of a prompt-file item (chat messages rendered with the pair's template)."""
     return engine.render_chat(item["messages"]) if "messages" in item else item["prompt"]
+
+
+def rendered_prompts(engine: Engine, prompts: list[dict[str, Any]]) -> list[str]:
+    """Each item's prompt text, checked before any run so that a bad one cannot end a bench after
+    the prompts before it ran: its messages render, and it has fewer tokens than the context has
+    cells (no method can start a prompt with more)."""
+    texts = []
+    for item in prompts:
+        try:
+            text = render(engine, item)
+        except MtadEdgeError as e:
+            raise MtadEdgeError(f"prompt {item['id']!r}: {e}") from None
+        n = len(engine.tokenize(text))
+        if n >= engine.n_ctx:
+            raise ContextOverflowError(
+                f"prompt {item['id']!r} has {n} tokens, more than the context holds ({engine.n_ctx}); "
+                "shorten it or raise --ctx-size"
+            )
+        texts.append(text)
+    return texts
 
 
 def _cpu_s() -> float:

@@ -31,7 +31,7 @@ from mtad_edge.bench.run import (
     preset_settings,
     projection,
     ratios,
-    render,
+    rendered_prompts,
     run_bench,
 )
 from mtad_edge.bench.variants import Variant, expand
@@ -205,7 +205,7 @@ def bench(
     store.make_folder(out, "the output folder")
     total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
     with model.engine(base, engine_methods, capacity) as engine, contextlib.ExitStack() as stack:
-        rendered = [render(engine, item) for item in prompts]
+        rendered = rendered_prompts(engine, prompts)
         paths, learned, n_params = engine.pair, engine.learned, engine.n_params
         judge = None
         if judge_pair is not None:
