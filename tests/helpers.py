@@ -6,13 +6,19 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import shutil
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
 from mtad_edge.runtime.backend import Batch, VocabInfo, common_prefix
+
+# The console script of this environment (beside its python), for tests that run it as a user does.
+EXE = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
 
 
 class FakeClock:

@@ -3,13 +3,12 @@
 import os
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from helpers import EXE
 from mtad_edge.cli import cli
 from mtad_edge.cli.chat import ChatSession
 
@@ -34,9 +33,8 @@ def test_piped_chat_runs_commands_and_answers(smol_files):
 def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(smol_files, stdin_errors):
     """A strict stdin (a UTF-8 locale's) raised UnicodeDecodeError out of input(), a traceback; a lenient
     one passed the bytes to the template's check, whose error ended the chat. Both lost the chat."""
-    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     env = {**os.environ, "PYTHONIOENCODING": f"utf-8:{stdin_errors}"}
-    cmd = [exe, "chat", "--max-tokens", "8", "--seed", "1", "--ctx-size", "512"]
+    cmd = [EXE, "chat", "--max-tokens", "8", "--seed", "1", "--ctx-size", "512"]
     r = subprocess.run(cmd, input=b"\xff\xfe hi\nSay ok.\n", capture_output=True, env=env, timeout=300)
     err = r.stderr.decode()
     assert r.returncode == 0 and "Traceback" not in err, err
@@ -137,10 +135,9 @@ def _type_line(session, text, tries=3):
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_chat_in_a_real_terminal_ctrl_c_and_ctrl_d(smol_files, tmp_path):
-    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     session = f"mtadchat{os.getpid()}"
     done = tmp_path / "exit-code"
-    cmd = f"{exe} chat --ctx-size 1024 --max-tokens 900 --seed 3 --method ar; echo $? > {done}"
+    cmd = f"{EXE} chat --ctx-size 1024 --max-tokens 900 --seed 3 --method ar; echo $? > {done}"
     _tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd)
     try:
         _wait_for(session, lambda s: s.rstrip().endswith(">"))

@@ -5,7 +5,6 @@ import functools
 import importlib.metadata
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from helpers import EXE
 from mtad_edge.cli import cli
 
 STATS_KEYS = {
@@ -186,11 +186,10 @@ def test_models_list_and_path(smol_files):
 
 @pytest.mark.slow
 def test_console_script_subprocess(smol_files):
-    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
-    assert exe, "the mtad-edge console script is not installed"
+    assert EXE, "the mtad-edge console script is not installed"
     proc = subprocess.run(
         [
-            exe,
+            EXE,
             "generate",
             "--json",
             "--method",

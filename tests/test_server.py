@@ -4,14 +4,13 @@ import http.client
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+
+from helpers import EXE
 
 openai = pytest.importorskip("openai")
 
@@ -21,10 +20,9 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def server(smol_files):
-    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     proc = subprocess.Popen(
         [
-            exe,
+            EXE,
             "serve",
             "--port",
             "0",  # the system picks a free port, and the server names it

@@ -7,14 +7,14 @@ import contextlib
 import http.client
 import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from helpers import EXE
 
 pytestmark = pytest.mark.slow
 MAX_BODY = 65536
@@ -48,12 +48,11 @@ class Server:
 def server(smol_files, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "stderr.txt"
-    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     args = ["serve", "--port", str(port), "--ctx-size", "256", "--threads", "2", "--max-tokens", "8"]
     args += ["--queue-size", "2", "--max-body", str(MAX_BODY), "--header-timeout", "1", "--idle-timeout", "1"]
     args += ["--max-connections", str(CAP)]
     with log.open("w") as err:
-        proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
+        proc = subprocess.Popen([EXE, *args], stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
     s = Server(port, proc, log)
     deadline = time.time() + 120
     while True:

@@ -9,15 +9,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers import EXE
+
 pytestmark = pytest.mark.slow
-EXE = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
 STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"  # greedy: no early end
 
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from helpers import fake_engine
+from helpers import EXE, fake_engine
 from mtad_edge.runtime.errors import ModelLoadError
 
 
@@ -416,17 +416,13 @@ def test_a_gguf_whose_weights_are_random_bytes_is_a_one_line_load_error(smol_fil
     """The probe's aux: a real GGUF header with random bytes for weights. It loads in llama.cpp, then
     gave NaN logits (a numpy traceback in the drafter, or a segfault in the next decode)."""
     import os
-    import shutil
     import subprocess
-    import sys
-    from pathlib import Path
 
     data = bytearray(smol_files.aux.read_bytes())
     data[4_000_000:] = os.urandom(len(data) - 4_000_000)  # past the header and vocabulary: tensor data
     manifest = local_pair(tmp_path, target=smol_files.target.read_bytes(), aux=bytes(data))
-    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     r = subprocess.run(
-        [exe, "generate", "--pair", str(manifest), "--max-tokens", "4", "--threads", "2", "--ctx-size", "256", "Hi"],
+        [EXE, "generate", "--pair", str(manifest), "--max-tokens", "4", "--threads", "2", "--ctx-size", "256", "Hi"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -444,8 +440,6 @@ def test_a_gguf_with_a_layer_count_llama_cpp_aborts_on_is_a_one_line_error(smol_
     """block_count 0 or over 512: llama.cpp's GGML_ASSERT aborted the process (SIGABRT, a gdb backtrace)."""
     import shutil
     import subprocess
-    import sys
-    from pathlib import Path
 
     from gguf import GGUFReader
 
@@ -457,9 +451,8 @@ def test_a_gguf_with_a_layer_count_llama_cpp_aborts_on_is_a_one_line_error(smol_
     field.parts[field.data[0]][0] = layers  # in place, through the reader's writable memory map
     del field
     assert read_block_count(model) == layers and read_block_count(smol_files.aux) == 30
-    exe = shutil.which("mtad-edge", path=str(Path(sys.executable).parent)) or shutil.which("mtad-edge")
     args = ["generate", "--target", str(model), "--method", "ar", "--max-tokens", "2", "--ctx-size", "64", "Hi"]
-    r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([EXE, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"Error: {model} is not a usable model: it declares {layers} layers (block_count; 1..512)"
     ], (r.returncode, r.stderr[-1000:])
