@@ -104,6 +104,25 @@ def test_a_line_too_long_alone_is_not_told_to_reset(engine, capsys):
     assert s.turns == []
 
 
+def test_a_system_message_longer_than_the_context_is_refused_at_the_start(smol_files):
+    """It is part of every turn, so no turn could be answered: each was refused as 'context full'."""
+    r = CliRunner().invoke(cli, ["chat", "--ctx-size", "512", "--system", "Be brief. " * 400], input="hi\n")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    err = r.stderr.strip()
+    assert err.startswith("Error: --system takes ") and err.endswith("shorten it or raise --ctx-size"), err
+    assert "\n" not in err and r.stdout == ""  # refused before the prompt
+
+
+def test_a_turn_refused_for_the_system_message_names_it(engine, capsys):
+    per = len(engine.tokenize("Be brief. " * 10)) / 10
+    s = ChatSession(engine, "ar", "Be brief. " * int((engine.n_ctx - 40) / per), drop_oldest=True, out=Sink())
+    assert engine.n_ctx - 80 < s.system_tokens < engine.n_ctx  # it fits alone; with the line, it does not
+    s.turn("Tell me about rivers. " * 20)
+    err = capsys.readouterr().err
+    assert "context full" in err and f"The --system message takes {s.system_tokens} of those tokens." in err
+    assert s.turns == []
+
+
 def _tmux(*args):
     return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
 

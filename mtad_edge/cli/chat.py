@@ -14,7 +14,7 @@ import click
 
 from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
 from mtad_edge.engine import check_text
-from mtad_edge.runtime.errors import ContextOverflowError, OptionError
+from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, OptionError
 from mtad_edge.runtime.methods import names as method_names
 from mtad_edge.signals import interrupts
 
@@ -28,6 +28,9 @@ def _info(msg: str) -> None:
     click.echo(msg, err=True)
 
 
+_EMPTY_TURN = [{"role": "user", "content": ""}]
+
+
 class ChatSession:
     """The conversation and its commands; ``turn`` streams one answer to ``out``."""
 
@@ -35,6 +38,8 @@ class ChatSession:
         self.engine, self.method = engine, method
         self.out = out or sys.stdout  # looked up now, not at import: tests and redirections swap it
         self.system = [{"role": "system", "content": system}] if system else []
+        # the system message with an empty first turn, in tokens: what --system costs every turn
+        self.system_tokens = len(engine.tokenize(engine.render_chat(self.system + _EMPTY_TURN))) if system else 0
         self.drop_oldest = drop_oldest
         self.turns: list[dict] = []
         self.last_stats = None
@@ -73,10 +78,10 @@ class ChatSession:
                 if not self.drop_oldest or len(self.turns) <= 1:
                     earlier = len(self.turns) > 1  # else the line alone (with --system) overflows: no turn to drop
                     self.turns.pop()
-                    _info(
-                        f"context full: {e}."
-                        + (" Use /reset, or start the chat with --drop-oldest." if earlier else "")
-                    )
+                    hint = " Use /reset, or start the chat with --drop-oldest." if earlier else ""
+                    if self.system_tokens and not earlier:
+                        hint = f" The --system message takes {self.system_tokens} of those tokens."
+                    _info(f"context full: {e}.{hint}")
                     return None
                 del self.turns[:2]  # the oldest user message and its answer
                 _info("(dropped the oldest turn to fit the context)")
@@ -127,7 +132,16 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
         return
     interrupts.handled()  # from here Ctrl-C at the prompt raises KeyboardInterrupt, as usual
     method = cfg.method
-    session = ChatSession(engine, method, system, drop_oldest)
+    try:
+        session = ChatSession(engine, method, system, drop_oldest)
+        if session.system_tokens >= engine.n_ctx:
+            raise MtadEdgeError(
+                f"--system takes {session.system_tokens} tokens and the context holds {engine.n_ctx}, so no "
+                "turn would fit; shorten it or raise --ctx-size"
+            )
+    except BaseException:
+        engine.close()
+        raise
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not text reach the turn (one line refused), not the reader
         sys.stdin.reconfigure(errors="surrogateescape")
     _info(f"mtad-edge chat ({model.label}, method {method}). {HELP}")
