@@ -139,13 +139,10 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
                 f"--system takes {session.system_tokens} tokens and the context holds {engine.n_ctx}, so no "
                 "turn would fit; shorten it or raise --ctx-size"
             )
-    except BaseException:
-        engine.close()
-        raise
-    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not text reach the turn (one line refused), not the reader
-        sys.stdin.reconfigure(errors="surrogateescape")
-    _info(f"mtad-edge chat ({model.label}, method {method}). {HELP}")
-    try:
+        # bytes that are not text reach the turn (one line refused), not the reader
+        if hasattr(sys.stdin, "reconfigure"):
+            sys.stdin.reconfigure(errors="surrogateescape")
+        _info(f"mtad-edge chat ({model.label}, method {method}). {HELP}")
         while True:
             try:
                 line = input("> ")
