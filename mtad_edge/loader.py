@@ -14,10 +14,13 @@ from mtad_edge.pairs import GPU_LAYERS_MAX, Pair, valid_gpu_layers
 from mtad_edge.runtime import amx, methods
 from mtad_edge.runtime.backend import Backend
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
-from mtad_edge.runtime.errors import MtadEdgeError, quoted
+from mtad_edge.runtime.errors import MtadEdgeError, json_int, quoted
 from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
+# llama.cpp's GGML_MAX_N_THREADS: its CPU backend keeps per-thread state in arrays this long, and a
+# context with more threads crashed the process
+THREADS_MAX = 512
 PROVIDERS = ("auto", "cpu", "cuda")
 
 
@@ -44,6 +47,8 @@ class ModelOptions:
             raise MtadEdgeError(
                 f"unknown vocab_mismatch {quoted(self.vocab_mismatch)} (choose from {', '.join(MISMATCH_MODES)})"
             )
+        if self.threads is not None and not json_int(self.threads, 1, THREADS_MAX):
+            raise MtadEdgeError(f"threads must be an integer in 1..{THREADS_MAX}, got {quoted(self.threads)}")
         for name in ("n_gpu_layers", "aux_gpu_layers"):
             value = getattr(self, name)
             if value is not None and not valid_gpu_layers(value):

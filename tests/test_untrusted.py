@@ -293,6 +293,22 @@ def test_a_bad_aux_gpu_layers_is_one_line_from_the_command_and_the_api(tmp_path)
             Engine.load(pair=str(tmp_path), aux_gpu_layers=bad)
 
 
+def test_a_thread_count_llama_cpp_cannot_hold_is_one_line_from_the_command_and_the_api(smol_files):
+    """llama.cpp keeps per-thread state in arrays of 512: `--threads 100000` crashed the process
+    (SIGSEGV) as the model loaded."""
+    import subprocess
+
+    from mtad_edge.engine import Engine
+    from mtad_edge.runtime.errors import MtadEdgeError
+
+    r = subprocess.run([EXE, "generate", "hi", "--threads", "100000"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1] == "Error: Invalid value for '--threads': 100000 is not in the range 1<=x<=512."
+    for bad in (0, -1, 513, "2", 2.0, True):
+        with pytest.raises(MtadEdgeError, match=r"^threads must be an integer in 1\.\.512, got"):
+            Engine.load(pair="smollm2-135m", threads=bad)
+
+
 # -- 9. a hub reference never names a file outside the hub cache --------------------------------
 @pytest.mark.parametrize(
     "ref",

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import click
 
 from mtad_edge.engine import Engine
-from mtad_edge.loader import BACKENDS, PROVIDERS, ModelOptions
+from mtad_edge.loader import BACKENDS, PROVIDERS, THREADS_MAX, ModelOptions
 from mtad_edge.pairs import DEFAULT_PAIR, GPU_LAYERS_MAX, Pair, resolve
 from mtad_edge.runtime.compat import MISMATCH_MODES
 from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS, DecodeConfig
@@ -175,7 +175,7 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             type=click.IntRange(min=32),
             help="Tokens of prompt and answer the context holds (default: the pair's, else 2048).",
         ),
-        click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all usable cores)."),
+        click.option("--threads", type=click.IntRange(1, THREADS_MAX), help="CPU threads (default: all usable cores)."),
         click.option(
             "--n-gpu-layers",
             type=click.IntRange(min=-1, max=GPU_LAYERS_MAX),
