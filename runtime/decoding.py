@@ -168,8 +168,8 @@ class Generation:
         room = self._room()
         if len(prompt) > room:
             raise ContextOverflowError(
-                f"prompt has {len(prompt)} tokens but the context holds {room} "
-                f"(n_ctx minus {self.layout.target_cells} for decoding); shorten it or raise --ctx-size"
+                f"prompt has {len(prompt)} tokens but the context holds {room} ({self._room_why()}); "
+                "shorten it or raise --ctx-size"
             )
         self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         self.rng = np.random.default_rng(self.seed)
@@ -453,6 +453,12 @@ class Generation:
         if self.aux is not None:
             room = min(room, self.aux.n_ctx - self.layout.aux_cells)
         return room
+
+    def _room_why(self) -> str:
+        """Which context sets ``_room``, and what a step keeps of it (for a refusal's message)."""
+        if self.aux is not None and self._room() < self.target.n_ctx - self.layout.target_cells:
+            return f"the aux's {self.aux.n_ctx} cells less {self.layout.aux_cells} for the draft's beams"
+        return f"the target's {self.target.n_ctx} cells less {self.layout.target_cells} for a step"
 
     def _clip(self, new: list[int]) -> tuple[list[int], bool]:
         """Cut a committed block at an end-of-generation token or the max_tokens budget."""

@@ -198,6 +198,20 @@ def test_prompt_too_long_for_context_is_refused(fake_pair):
         Generation(target, aux, list(range(8)), DecodeConfig(method="mtad", gamma=4))
 
 
+def test_prompt_too_long_names_the_context_that_bounds_it():
+    """The message gave the target's cells even where the aux's beams left less room (n_ctx minus 9
+    where the aux held 454 of 512)."""
+    cfg = DecodeConfig(method="mtad", gamma=4, beam_width=4)
+    aux_bound = FakeLM(salt=1, n_ctx=100), FakeLM(salt=2, n_ctx=40, n_seq_max=9)
+    with pytest.raises(ContextOverflowError) as e:
+        Generation(*aux_bound, list(range(20)), cfg)
+    assert "holds 14 (the aux's 40 cells less 26 for the draft's beams)" in str(e.value)  # 2 banks x 4 x 3 + 2
+    target_bound = FakeLM(salt=1, n_ctx=10), FakeLM(salt=2, n_ctx=100, n_seq_max=9)
+    with pytest.raises(ContextOverflowError) as e:
+        Generation(*target_bound, list(range(8)), cfg)
+    assert "holds 5 (the target's 10 cells less 5 for a step)" in str(e.value)
+
+
 def test_generation_stops_when_context_is_full():
     target = FakeLM(salt=1, n_ctx=20)
     out, st = generate_tokens(target, None, PROMPT, DecodeConfig(method="ar", max_tokens=100))
