@@ -86,9 +86,10 @@ def tune(
     ignored). The record's ``gammas``: per gamma measured, pooled PPL, tok/s, generated tokens
     and (below the reference) the PPL ratio with its interval."""
     check_tunable(cfg)
-    rendered_prompts(engine, prompts)  # a prompt that cannot run fails now, not after minutes of tuning
     ref = reference(cfg)
     base = dataclasses.replace(cfg, gamma=ref, gamma_min=None, seed=cfg.seed or 0)
+    # a prompt that cannot run fails now, not after minutes of tuning (the longest gamma needs the most room)
+    rendered_prompts(engine, prompts, [base])
     rng = np.random.default_rng(0)
     runs: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
     rows: dict[int, dict[str, Any]] = {}

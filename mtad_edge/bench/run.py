@@ -10,7 +10,7 @@ import random
 import resource
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -120,10 +120,12 @@ def render(engine: Engine, item: dict[str, Any]) -> str:
     return engine.render_chat(item["messages"]) if "messages" in item else item["prompt"]
 
 
-def rendered_prompts(engine: Engine, prompts: list[dict[str, Any]]) -> list[str]:
+def rendered_prompts(engine: Engine, prompts: list[dict[str, Any]], configs: Sequence[DecodeConfig] = ()) -> list[str]:
     """Each item's prompt text, checked before any run so that a bad one cannot end a bench after
-    the prompts before it ran: its messages render, and it has fewer tokens than the context has
-    cells (no method can start a prompt with more)."""
+    the prompts before it ran: its messages render, it has fewer tokens than the context has
+    cells, and each of ``configs`` (the requests that will run it) can start it: a step's own
+    cells depend on the method, gamma and width. Making a request does no work until it is read,
+    and one that cannot start raises there."""
     texts = []
     for item in prompts:
         try:
@@ -136,6 +138,11 @@ def rendered_prompts(engine: Engine, prompts: list[dict[str, Any]]) -> list[str]
                 f"prompt {item['id']!r} has {n} tokens, more than the context holds ({engine.n_ctx}); "
                 "shorten it or raise --ctx-size"
             )
+        for cfg in configs:
+            try:
+                engine.generate(text, learned_costs=True, **cfg.as_options())
+            except ContextOverflowError as e:
+                raise ContextOverflowError(f"prompt {item['id']!r} cannot run {cfg.method}: {e}") from None
         texts.append(text)
     return texts
 

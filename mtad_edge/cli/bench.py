@@ -205,7 +205,8 @@ def bench(
     store.make_folder(out, "the output folder")
     total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
     with model.engine(base, engine_methods, capacity) as engine, contextlib.ExitStack() as stack:
-        rendered = rendered_prompts(engine, prompts)
+        checked = [v.config(base, 0) for v in variants] + [replace(base, **p) for p in points]
+        rendered = rendered_prompts(engine, prompts, checked)
         paths, learned, n_params = engine.pair, engine.learned, engine.n_params
         judge = None
         if judge_pair is not None:
