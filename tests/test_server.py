@@ -207,6 +207,8 @@ def test_client_disconnect_mid_stream_frees_the_server(server, client):
         ({"messages": [{"role": "user", "content": "hi"}], "gamma_min": 9}, 400, "gamma_min must be <= gamma_max"),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 413, "body over"),
         ({"messages": [{"role": "user", "content": "a " * 1500}]}, 400, "prompt has"),  # ~1500 tokens, 3 KB
+        ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "'stream' must be a boolean"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": True}, 400, "must be an integer, got True"),
     ],
 )
 def test_bad_requests_get_clear_4xx(server, body, status, needle):

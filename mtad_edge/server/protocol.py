@@ -128,12 +128,15 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and not isinstance(a, bool) and a == b == 0)
 
 
+_JSON_KINDS = {bool: "a boolean", int: "an integer"}  # what a client's JSON calls the types _typed takes
+
+
 def _typed(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     value = body.get(key)
     if value is None:
         return default
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise BadRequest(f"'{key}' must be a {'boolean' if kind is bool else kind.__name__}, got {quoted(value)}", key)
+        raise BadRequest(f"'{key}' must be {_JSON_KINDS[kind]}, got {quoted(value)}", key)
     return value
 
 
