@@ -104,9 +104,10 @@ def test_a_line_too_long_alone_is_not_told_to_reset(engine, capsys):
     assert s.turns == []
 
 
-def test_a_system_message_longer_than_the_context_is_refused_at_the_start(smol_files):
+@pytest.mark.parametrize("words", [1200, 712])  # longer than the context's 768 cells; inside them, past mtad's 710
+def test_a_system_message_longer_than_the_context_is_refused_at_the_start(smol_files, words):
     """It is part of every turn, so no turn could be answered: each was refused as 'context full'."""
-    r = CliRunner().invoke(cli, ["chat", "--ctx-size", "512", "--system", "Be brief. " * 400], input="hi\n")
+    r = CliRunner().invoke(cli, ["chat", "--ctx-size", "512", "--system", "word " * words], input="hi\n")
     assert r.exit_code == 1 and "Traceback" not in r.output
     err = r.stderr.strip()
     assert err.startswith("Error: --system takes ") and err.endswith("shorten it or raise --ctx-size"), err

@@ -134,11 +134,13 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
     method = cfg.method
     try:
         session = ChatSession(engine, method, system, drop_oldest)
-        if session.system_tokens >= engine.n_ctx:
-            raise MtadEdgeError(
-                f"--system takes {session.system_tokens} tokens and the context holds {engine.n_ctx}, so no "
-                "turn would fit; shorten it or raise --ctx-size"
-            )
+        if system:  # a request made and not read does no work; one that cannot start raises here
+            try:
+                engine.chat(session.system + _EMPTY_TURN, method=method)
+            except ContextOverflowError as e:
+                raise MtadEdgeError(
+                    f"--system takes {session.system_tokens} tokens, so no turn would fit: {e}"
+                ) from None
         # bytes that are not text reach the turn (one line refused), not the reader
         if hasattr(sys.stdin, "reconfigure"):
             sys.stdin.reconfigure(errors="surrogateescape")
