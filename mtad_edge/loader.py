@@ -3,6 +3,7 @@ the methods that will run on it (each method's ``layout`` says what a step needs
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import reduce
@@ -11,7 +12,7 @@ from typing import Any, Optional
 
 import mtad_edge.store as store
 from mtad_edge.pairs import GPU_LAYERS_MAX, Pair, valid_gpu_layers
-from mtad_edge.runtime import amx, methods
+from mtad_edge.runtime import amx, guard, methods
 from mtad_edge.runtime.backend import Backend
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
 from mtad_edge.runtime.errors import MtadEdgeError, json_int, quoted
@@ -78,6 +79,7 @@ def load_backend(
             provider=opts.provider,
             spin=spin,
             positions=positions,
+            load_records=StoredLoads(),
         )
         return OrtBackend(path, cfg)
     from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
@@ -92,25 +94,56 @@ def load_backend(
             flash_attn=opts.flash_attn,
             positions=positions,
             amx_store=StoredAmxCrashes(),
+            load_records=StoredLoads(),
         ),
     )
+
+
+@functools.cache
+def _llama_build() -> Optional[list[Any]]:
+    """The llama.cpp build this process runs, the CPU and the kernel (None where /proc cannot say)."""
+    build = amx.build_identity()
+    if build is None:
+        return None
+    libraries = store.file_identity(*build["libraries"])  # a rebuilt library is another build
+    return [libraries, build["cpu"], build["kernel"], build["features"]]
+
+
+@functools.cache
+def _onnx_build() -> list[Any]:
+    import onnxruntime
+
+    return [onnxruntime.__version__, store.file_identity(onnxruntime.__file__)]
+
+
+class StoredLoads:
+    """The model files that loaded cleanly in runtime/guard.py's child, kept in the cache by the
+    files' identity and the build, so a second load of a known file runs no child."""
+
+    def _record(self, kind: str, path: Path) -> Optional[Path]:
+        build = _llama_build() if kind == "gguf" else _onnx_build()
+        if build is None:
+            return None
+        files = store.file_identity(*(f.resolve() for f in guard.model_files(kind, path)))
+        return store.path("loads", store.key([kind, build, files]))
+
+    def loaded(self, kind: str, path: Path) -> bool:
+        record = self._record(kind, path)
+        return record is not None and store.read_json(record) == {"loaded": True}
+
+    def record_loaded(self, kind: str, path: Path) -> None:
+        record = self._record(kind, path)
+        if record is not None:
+            store.remember(lambda: store.write_json(record, {"loaded": True}))
 
 
 class StoredAmxCrashes:
     """The AMX children that crashed (runtime/amx.py), kept in the cache by this build, CPU and
     kernel, so that later processes skip the child (about 0.3 s of every start)."""
 
-    def __init__(self) -> None:
-        self._identity: Optional[list[Any]] = None
-
     def _record(self, types: tuple[int, ...]) -> Optional[Path]:
-        if self._identity is None:
-            build = amx.build_identity()
-            if build is None:
-                return None
-            libraries = store.file_identity(*build["libraries"])  # a rebuilt library is another build
-            self._identity = [libraries, build["cpu"], build["kernel"], build["features"]]
-        return store.path("amx", store.key([self._identity, list(types)]))
+        build = _llama_build()
+        return None if build is None else store.path("amx", store.key([build, list(types)]))
 
     def crashed(self, types: tuple[int, ...]) -> bool:
         record = self._record(types)

@@ -24,6 +24,7 @@ from .amx import VerdictStore, amx_works
 from .backend import Batch, VocabInfo, check_trained_context
 from .errors import ModelLoadError, MtadEdgeError
 from .gguf_header import read_block_count, read_header
+from .guard import LoadRecords, check_loads
 from .repack import REPACK_BUFFER, Overrides, amx_kinds, placements
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -60,6 +61,7 @@ class LlamaCppConfig:
     flash_attn: Optional[bool] = None  # None: flash_attention() decides
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
     amx_store: Optional[VerdictStore] = None  # AMX children that crashed in earlier processes (runtime/amx.py)
+    load_records: Optional[LoadRecords] = None  # files a guard child loaded in earlier processes (runtime/guard.py)
 
 
 # What a KV cache may take of the machine's memory: beyond it, a context that llama.cpp would
@@ -218,6 +220,7 @@ class LlamaCppBackend:
         self._batch: Optional[_BatchBuffer] = None
         _check_gguf_file(self.path)
         _check_layers(self.path)
+        check_loads("gguf", self.path, config.load_records)  # where llama.cpp aborts, a child dies, not us
         quiet_llama_logs()
 
         _Log.recent.clear()

@@ -23,6 +23,7 @@ import numpy as np
 from .backend import Batch, VocabInfo, check_trained_context
 from .chat import render
 from .errors import ModelLoadError, MtadEdgeError, first_line, json_int, json_problem, quoted
+from .guard import LoadRecords, check_loads
 from .ort_kv import DeviceKV, HostKV
 from .vocab import piece_bytes
 
@@ -39,6 +40,7 @@ class OrtConfig:
     # when it loads a target alone.
     spin: bool = True
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
+    load_records: Optional[LoadRecords] = None  # models a guard child opened in earlier processes (runtime/guard.py)
 
 
 def _require(*names: str) -> list[Any]:
@@ -99,6 +101,7 @@ class OrtBackend:
         d = self.path.parent
         if not self.path.is_file():
             raise ModelLoadError(f"no ONNX model at {self.path}")
+        check_loads("onnx", self.path, config.load_records)  # where onnxruntime crashes, a child dies, not us
         opts = ort.SessionOptions()
         if config.n_threads:
             opts.intra_op_num_threads = config.n_threads

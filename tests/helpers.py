@@ -8,6 +8,7 @@ import json
 import math
 import shutil
 import socket
+import struct
 import sys
 import threading
 import time
@@ -427,3 +428,70 @@ def deterministic_q(tokens: np.ndarray, n_vocab: int) -> tuple[np.ndarray, np.nd
     rows = np.full((len(tokens), n_vocab), -np.inf)
     rows[np.arange(len(tokens)), tokens] = 0.0
     return np.zeros(len(tokens)), rows
+
+
+# -- crafted GGUF files: a real model's metadata rewritten in front of its unchanged tensor data --
+_GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
+GGUF_U32, GGUF_STRING = 4, 8
+
+
+def _gguf_string(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def gguf_kv(key: str | bytes, vtype: int, value) -> bytes:
+    """One metadata entry: a key, its value type, its value (an int for scalars, text for strings)."""
+    if vtype == GGUF_STRING:
+        return _gguf_string(key) + struct.pack("<I", vtype) + _gguf_string(value)
+    fmt = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}[vtype]
+    return _gguf_string(key) + struct.pack("<I", vtype) + struct.pack(fmt, value)
+
+
+def rewrite_gguf(
+    src: Path, dest: Path, set_ints: dict | None = None, extra: list[bytes] = (), first: list[bytes] = ()
+) -> Path:
+    """``src`` with the integer keys of ``set_ints`` given new values (uint32 entries added where
+    missing), the raw entries ``first`` put before its metadata and ``extra`` after it; tensor infos
+    and data unchanged (re-aligned to 32 bytes, GGUF's default alignment)."""
+    data = src.read_bytes()
+    off = 4
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, off)
+    off += 20
+    todo = dict(set_ints or {})
+    entries = []
+
+    def skip_value(vtype: int, at: int) -> int:
+        if vtype in _GGUF_SCALARS:
+            return at + _GGUF_SCALARS[vtype]
+        if vtype == GGUF_STRING:
+            return at + 8 + struct.unpack_from("<Q", data, at)[0]
+        etype, count = struct.unpack_from("<IQ", data, at)
+        at += 12
+        if etype in _GGUF_SCALARS:
+            return at + _GGUF_SCALARS[etype] * count
+        for _ in range(count):
+            at = skip_value(etype, at)
+        return at
+
+    for _ in range(n_kv):
+        start = off
+        n = struct.unpack_from("<Q", data, off)[0]
+        key = data[off + 8 : off + 8 + n].decode()
+        off += 8 + n
+        vtype = struct.unpack_from("<I", data, off)[0]
+        end = skip_value(vtype, off + 4)
+        entries.append(gguf_kv(key, vtype, todo.pop(key)) if key in todo else data[start:end])
+        off = end
+    entries = list(first) + entries + [gguf_kv(k, GGUF_U32, v) for k, v in todo.items()] + list(extra)
+    infos_start = off
+    for _ in range(n_tensors):
+        n = struct.unpack_from("<Q", data, off)[0]
+        off += 8 + n
+        n_dims = struct.unpack_from("<I", data, off)[0]
+        off += 4 + 8 * n_dims + 4 + 8
+    infos = data[infos_start:off]
+    tensor_data = data[off + (-off % 32) :]
+    head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, len(entries)) + b"".join(entries) + infos
+    dest.write_bytes(head + b"\0" * (-len(head) % 32) + tensor_data)
+    return dest

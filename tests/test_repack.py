@@ -5,6 +5,7 @@ default pair's aux loaded that way."""
 from __future__ import annotations
 
 import os
+import re
 import struct
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtad_edge.runtime.gguf_header import MAX_KV, Header, Tensor, read_header
+from mtad_edge.runtime.gguf_header import MAX_KV, Header, HeaderError, Tensor, read_header
 from mtad_edge.runtime.repack import (
     CPU_BUFFER,
     REPACK_BUFFER,
@@ -69,43 +70,60 @@ def header(tensors: dict, arch: str = "llama") -> Header:
 
 def test_a_gguf_header_is_read_as_llama_cpp_writes_it(tmp_path, smol_files):
     aux = read_header(smol_files.aux)
-    assert aux is not None and aux.architecture == "llama" and len(aux.tensors) == 272
+    assert aux.architecture == "llama" and len(aux.tensors) == 272
     assert aux.tensors["blk.0.attn_k.weight"] == Tensor(Q4_0, (576, 192))  # 3 KV heads of 64
     assert aux.tensors["token_embd.weight"].shape == (576, 49152)
     path = tmp_path / "m.gguf"
     path.write_bytes(gguf(model()))
     made = read_header(path)
-    assert made is not None and made.tensors["blk.1.ffn_down.weight"] == Tensor(Q4_0, (64, 64))
+    assert made.tensors["blk.1.ffn_down.weight"] == Tensor(Q4_0, (64, 64))
 
 
-def test_a_header_that_breaks_a_bound_or_ends_early_is_none_never_an_error(tmp_path):
+def test_a_header_that_breaks_a_bound_or_ends_early_is_a_one_line_error_never_none(tmp_path):
+    """It was None, and the layer check that read it was skipped: llama.cpp then aborted on the file."""
     path = tmp_path / "m.gguf"
     whole = gguf(model(layers=1))
     for n in range(len(whole) - 32):  # every truncation of the header
         path.write_bytes(whole[:n])
-        assert read_header(path) is None, n
+        with pytest.raises(HeaderError, match=f"^{re.escape(str(path))}: cannot read its GGUF header: ") as e:
+            read_header(path)
+        assert "\n" not in str(e.value), n
     bad = {
-        "counts past every model's": gguf(model(), n_kv=MAX_KV + 1),
-        "a string longer than the file": gguf(model(), extra_kv=_s("k") + struct.pack("<IQ", 8, 2**62)),
-        "a string array longer than the file": gguf(model(), extra_kv=_s("k") + struct.pack("<IIQ", 9, 8, 2**40)),
-        "an array of arrays": gguf(model(), extra_kv=_s("k") + struct.pack("<IIQ", 9, 9, 1)),
-        "an unknown value type": gguf(model(), extra_kv=_s("k") + struct.pack("<I", 77)),
-        "version 1": gguf(model(), version=1),
-        "a tensor name C reads shorter": gguf({b"blk.0.attn_q.weight\0x": (Q6_K, (64, 12))}),
-        "a tensor named twice": gguf([("a", (Q4_0, (64, 64))), ("a", (Q4_0, (64, 64)))]),
-        "a tensor name longer than llama.cpp takes": gguf({"blk.0.attn_q.weight" + "x" * 60: (Q4_0, (64, 64))}),
-        "a key longer than any": gguf(model(), extra_kv=_s("k" * (1 << 17)) + struct.pack("<II", 4, 1)),
-        "no magic": b"GGUX" + gguf(model())[4:],
+        "counts past every model's": (gguf(model(), n_kv=MAX_KV + 1), f"declares {MAX_KV + 1} metadata keys"),
+        "a string longer than the file": (
+            gguf(model(), extra_kv=_s("k") + struct.pack("<IQ", 8, 2**62)),
+            "past the end",
+        ),
+        "a string array longer than the file": (
+            gguf(model(), extra_kv=_s("k") + struct.pack("<IIQ", 9, 8, 2**40)),
+            "claims 1099511627776 strings",
+        ),
+        "an array of arrays": (gguf(model(), extra_kv=_s("k") + struct.pack("<IIQ", 9, 9, 1)), "of type 9"),
+        "an unknown value type": (gguf(model(), extra_kv=_s("k") + struct.pack("<I", 77)), "type 77"),
+        "version 1": (gguf(model(), version=1), "GGUF version 1"),
+        "a tensor name C reads shorter": (gguf({b"blk.0.attn_q.weight\0x": (Q6_K, (64, 12))}), "NUL byte"),
+        "a tensor named twice": (gguf([("a", (Q4_0, (64, 64))), ("a", (Q4_0, (64, 64)))]), "named twice"),
+        "a tensor name longer than llama.cpp takes": (
+            gguf({"blk.0.attn_q.weight" + "x" * 60: (Q4_0, (64, 64))}),
+            "79 bytes long (at most 63)",
+        ),
+        "a key longer than any": (
+            gguf(model(), extra_kv=_s("k" * (1 << 17)) + struct.pack("<II", 4, 1)),
+            "131072 bytes long (at most 65536)",
+        ),
+        "no magic": (b"GGUX" + gguf(model())[4:], "GGUF magic"),
     }
-    for what, data in bad.items():
+    for what, (data, why) in bad.items():
         path.write_bytes(data)
         t0 = time.perf_counter()
-        assert read_header(path) is None, what
+        with pytest.raises(HeaderError, match=re.escape(why)):
+            read_header(path)
         assert time.perf_counter() - t0 < 1.0, what  # bounded by the file, not by what it claims
-    assert read_header(tmp_path / "missing.gguf") is None
+    with pytest.raises(HeaderError, match="No such file"):
+        read_header(tmp_path / "missing.gguf")
     path.write_bytes(gguf(model(), arch="llama" * 200_000))  # a value is skipped, not copied, unless short
     long_arch = read_header(path)
-    assert long_arch is not None and long_arch.architecture == "" and repack_patterns(long_arch) == []
+    assert long_arch.architecture == "" and repack_patterns(long_arch) == []
 
 
 def test_only_kinds_whose_every_tensor_llama_cpp_can_repack_are_named():

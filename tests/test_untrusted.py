@@ -474,6 +474,108 @@ def test_a_gguf_with_a_layer_count_llama_cpp_aborts_on_is_a_one_line_error(smol_
     ], (r.returncode, r.stderr[-1000:])
 
 
+# -- 12. a model file llama.cpp aborts on loads in a child first: the child dies, not us -------------
+def _generate_with(model, *extra):
+    import subprocess
+
+    args = ["generate", "--target", str(model), "--method", "ar", "--max-tokens", "2", "--ctx-size", "64", "Hi"]
+    return subprocess.run([EXE, *args, *extra], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow  # writes SmolLM2 GGUFs (92 MB each)
+@pytest.mark.parametrize(
+    "ints, assertion",
+    [
+        ({"llama.expert_used_count": 5, "llama.expert_count": 0}, "GGML_ASSERT(n_expert_used_max <= hparams.n_expert)"),
+        ({"llama.expert_used_count": 0, "llama.expert_count": 4}, "GGML_ASSERT(n_expert_used_max > 0)"),
+        ({"llama.expert_count": 100_000}, "GGML_ASSERT(hparams.n_expert <= LLAMA_MAX_EXPERTS)"),
+    ],
+)
+def test_a_gguf_whose_hyperparameters_llama_cpp_asserts_on_is_one_line_never_an_abort(
+    smol_files, tmp_path, ints, assertion
+):
+    """expert_used_count 5 with expert_count 0 aborted the process (SIGABRT, exit 134, a gdb
+    backtrace). No check of ours names these keys: the child that loads a new file first does."""
+    from helpers import rewrite_gguf
+
+    model = rewrite_gguf(smol_files.aux, tmp_path / "m.gguf", ints)
+    r = _generate_with(model)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"Error: llama.cpp aborted while loading {model}: llama-model.cpp:"), line
+    assert line.endswith(f"{assertion} failed"), line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["first", "many"])
+def test_a_header_past_the_readers_bounds_is_one_line_never_a_skipped_check(smol_files, tmp_path, where):
+    """block_count 0 behind a key over 64 KiB (or 65,600 keys): the header reader gave up and
+    returned None, the layer check was skipped and llama.cpp aborted (GGML_ASSERT(n_layer_all > 0))."""
+    from helpers import GGUF_STRING, GGUF_U32, gguf_kv, rewrite_gguf
+
+    if where == "first":
+        first, why = [gguf_kv("x" * 70_000, GGUF_STRING, "y")], "is 70000 bytes long (at most 65536)"
+    else:
+        first, why = [gguf_kv(f"k{i}", GGUF_U32, i) for i in range(65_600)], "metadata keys (at most 65536)"
+    model = rewrite_gguf(smol_files.aux, tmp_path / "m.gguf", {"llama.block_count": 0}, first=first)
+    r = _generate_with(model)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"Error: {model}: cannot read its GGUF header: ") and why in line, line
+
+
+def test_the_guard_loads_a_file_once_per_identity_and_build(tmp_path, monkeypatch):
+    """A child runs for a file this build has not loaded; a clean load is kept, so the next load
+    runs none; a rewritten file (new size or time) is another file."""
+    import os
+
+    from mtad_edge.loader import StoredLoads
+    from mtad_edge.runtime import guard
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["a build"])
+    children = []
+    monkeypatch.setattr(guard, "_run_child", lambda kind, path: children.append(path) or (0, b""))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    for _ in range(3):
+        guard.check_loads("gguf", model, StoredLoads())
+    assert children == [model]
+    os.utime(model, ns=(1, 1))
+    guard.check_loads("gguf", model, StoredLoads())
+    assert children == [model, model]
+    monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["another build"])
+    guard.check_loads("gguf", model, StoredLoads())
+    assert len(children) == 3
+
+
+def test_a_child_that_fails_cleanly_or_runs_out_of_time_proves_nothing_and_keeps_nothing(tmp_path, monkeypatch):
+    """llama.cpp's own refusal is reported by the load that follows (its words, not ours); a
+    child past its time (a slow disk) lets the load go on as before the guard."""
+    from mtad_edge.loader import StoredLoads
+    from mtad_edge.runtime import guard
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["a build"])
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    for outcome in [(3, b"llama_model_load: error loading model"), (None, b"")]:
+        monkeypatch.setattr(guard, "_run_child", lambda kind, path, outcome=outcome: outcome)
+        guard.check_loads("gguf", model, StoredLoads())  # no error: the load goes on
+        assert not StoredLoads().loaded("gguf", model)
+
+
+def test_a_child_killed_by_a_signal_is_named_with_its_last_words(tmp_path, monkeypatch):
+    from mtad_edge.runtime import guard
+
+    model = tmp_path / "m.onnx"
+    err = b"noise\n/src/onnxruntime/core/graph.cc:88: something broke\nmore\n"
+    monkeypatch.setattr(guard, "_run_child", lambda kind, path: (-11, err))
+    with pytest.raises(ModelLoadError) as e:
+        guard.check_loads("onnx", model, None)
+    assert str(e.value) == f"onnxruntime crashed (SIGSEGV) while loading {model}: graph.cc:88: something broke"
+
+
 # -- 11. a full disk and a killed derivation leave nothing that makes the next run fail ------------
 def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(tmp_path, monkeypatch):
     """An unstamped file used to stay behind: it was derived again at every run and its bytes kept
