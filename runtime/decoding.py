@@ -338,7 +338,8 @@ class Generation:
         server caps its drafts); beam's windows are its search, not drafts, and keep their length."""
         if not self.method.needs_aux:
             return self.max_gamma
-        return max(0, min(self.max_gamma, self.cfg.max_tokens - self.stats.generated - 1))
+        left = min(self.cfg.max_tokens - self.stats.generated, self.target.n_positions - len(self.tokens))
+        return max(0, min(self.max_gamma, left - 1))
 
     def _draft(self, plan: Plan) -> Draft:
         assert self.drafter is not None
@@ -448,26 +449,32 @@ class Generation:
             self.aux.clear()
 
     def _room(self) -> int:
-        """Committed tokens the contexts can hold with room for one more step."""
-        room = self.target.n_ctx - self.layout.target_cells
+        """Committed tokens the contexts can hold with room for one more step, which adds one
+        token at least to a run of at most ``n_positions`` (the context size asked for: llama.cpp
+        pads a context to 256 cells, and --ctx-size 40 ran 138 tokens)."""
+        room = min(self.target.n_positions - 1, self.target.n_ctx - self.layout.target_cells)
         if self.aux is not None:
             room = min(room, self.aux.n_ctx - self.layout.aux_cells)
         return room
 
     def _room_why(self) -> str:
         """Which context sets ``_room``, and what a step keeps of it (for a refusal's message)."""
-        if self.aux is not None and self._room() < self.target.n_ctx - self.layout.target_cells:
+        room = self._room()
+        if room == self.target.n_positions - 1:
+            return f"--ctx-size {self.target.n_positions} less 1 for the answer"
+        if self.aux is not None and room < self.target.n_ctx - self.layout.target_cells:
             return f"the aux's {self.aux.n_ctx} cells less {self.layout.aux_cells} for the draft's beams"
         return f"the target's {self.target.n_ctx} cells less {self.layout.target_cells} for a step"
 
     def _clip(self, new: list[int]) -> tuple[list[int], bool]:
         """Cut a committed block at an end-of-generation token or the max_tokens budget."""
+        budget = self.cfg.max_tokens - self.stats.generated
+        positions = self.target.n_positions - (len(self.tokens) - len(new))  # the context size asked for
         for i, t in enumerate(new):
             if self.target.is_eog(t):
                 self.stats.finish_reason = "stop"
-                return new[:i][: self.cfg.max_tokens - self.stats.generated], True
-        room = self.cfg.max_tokens - self.stats.generated
-        if len(new) >= room:
-            self.stats.finish_reason = "length"
-            return new[:room], True
+                return new[:i][: min(budget, positions)], True
+        if len(new) >= min(budget, positions):
+            self.stats.finish_reason = "length" if budget <= positions else "context"
+            return new[: min(budget, positions)], True
         return new, False

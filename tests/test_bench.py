@@ -178,9 +178,10 @@ def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["bench", "tune"])
 def test_a_prompt_that_cannot_run_fails_before_the_prompts_before_it_run(tmp_path, smol_files, command, monkeypatch):
-    """A prompt longer than the context, one that fits it but not mtad's step (its beams' cells),
-    or chat messages that do not render, ended a bench or a tune when their turn came, after the
-    prompts before them had run."""
+    """A prompt longer than the context (or as long: it leaves no room to answer), or chat messages
+    that do not render, ended a bench or a tune when their turn came, after the prompts before them
+    had run. (One that fitted the context but not mtad's step, its beams' cells, did too; the
+    context now holds --ctx-size tokens whatever the method, and the step's cells come on top.)"""
     import mtad_edge.bench.run as bench_run
 
     ran = []
@@ -188,8 +189,8 @@ def test_a_prompt_that_cannot_run_fails_before_the_prompts_before_it_run(tmp_pat
     pair = ["--target", str(smol_files.target), "--aux", str(smol_files.aux), "--ctx-size", "64"]
     out = [] if command == "tune" else ["--out", str(tmp_path / "o"), "--methods", "ar,mtad"]
     for second, needle in [
-        ('{"prompt": "' + "word " * 300 + '"}', "prompt 'p2' has 301 tokens, more than the context holds"),
-        ('{"prompt": "' + "word " * 250 + '"}', "prompt 'p2' cannot run mtad: prompt has 251 tokens but the context"),
+        ('{"prompt": "' + "word " * 300 + '"}', "prompt 'p2' has 301 tokens, and the context holds 64 with the answer"),
+        ('{"prompt": "' + "word " * 63 + '"}', "prompt 'p2' has 64 tokens, and the context holds 64 with the answer"),
         ('{"messages": [{"role": "user", "content": "\\udcff"}]}', "prompt 'p2': each message's content is not valid"),
     ]:
         prompts = tmp_path / "p.jsonl"

@@ -135,7 +135,7 @@ def rendered_prompts(engine: Engine, prompts: list[dict[str, Any]], configs: Seq
         n = len(engine.tokenize(text))
         if n >= engine.n_ctx:
             raise ContextOverflowError(
-                f"prompt {item['id']!r} has {n} tokens, more than the context holds ({engine.n_ctx}); "
+                f"prompt {item['id']!r} has {n} tokens, and the context holds {engine.n_ctx} with the answer; "
                 "shorten it or raise --ctx-size"
             )
         for cfg in configs:
