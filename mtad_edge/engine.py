@@ -30,10 +30,11 @@ from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
 from mtad_edge.logprobs import TokenLogprob, score, token_logprobs
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
+from mtad_edge.runtime.backend import Segments
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
-from mtad_edge.runtime.errors import MtadEdgeError, OptionError, quoted
+from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, OptionError, json_int, quoted
 from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
 from mtad_edge.textstream import StopText, TextStream
 
@@ -132,6 +133,9 @@ class Response:
 
 
 _LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))
+# The most alternatives a token's logprobs list, as the server's top_logprobs allows: each costs a
+# row of the vocabulary kept per token (10**9 kept the whole vocabulary, +2.4 GB for 256 tokens).
+LOGPROBS_MAX = 20
 
 
 def check_text(text: Any, param: str, what: Optional[str] = None) -> None:
@@ -223,13 +227,16 @@ class Engine:
         stop: Sequence[str] = (),
         logprobs: Optional[int] = None,
         learned_costs: bool = False,
+        parse_special: bool = True,
         **options: Any,
     ) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
-        gamma, gamma_max, gamma_min, beam_width, tree, accept_threshold, seed. ``logprobs=N``:
-        once the answer is complete, ``Response.logprobs`` holds each token's log-probability
+        gamma, gamma_max, gamma_min, beam_width, tree, accept_threshold, seed. ``logprobs=N``
+        (0..20): once the answer is complete, ``Response.logprobs`` holds each token's log-probability
         under the target's raw distribution and its N most likely alternatives
-        (mtad_edge/logprobs.py).
+        (mtad_edge/logprobs.py). ``parse_special``: special tokens written in the prompt
+        (``<|im_start|>``) become control tokens, as llama.cpp's tools read a raw prompt; False
+        keeps them text.
 
         Without a seed the cached prefix of the last request is reused (a chat's next turn
         prefills only what is new). With one, the caches are cleared first: llama.cpp's logits
@@ -241,13 +248,67 @@ class Engine:
         has learned from the calls it made; True: what it learned, seed or not (``bench``: the
         speed an unseeded user gets, with seeds so that variants sample alike)."""
         check_text(prompt, "prompt")
+        if not isinstance(parse_special, bool):
+            raise OptionError(f"parse_special must be True or False, got {quoted(parse_special)}", "parse_special")
+        return self._start(lambda _: [(prompt, parse_special)], stop, logprobs, learned_costs, options)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        stop: Sequence[str] = (),
+        logprobs: Optional[int] = None,
+        learned_costs: bool = False,
+        **options: Any,
+    ) -> Response:
+        """Answer a conversation rendered with the pair's chat template. Only the template's markup
+        becomes control tokens: a message's text stays text, whatever it holds (a user's
+        ``<|im_end|>`` closes no turn)."""
+        self._check_messages(messages)
+
+        def segments(limit: int) -> Segments:
+            if len(messages) > limit:  # every message renders to a token or more
+                raise ContextOverflowError(f"{len(messages)} messages cannot fit the context's {limit} tokens")
+            return self._require_open().chat_segments(messages)
+
+        return self._start(segments, stop, logprobs, learned_costs, options)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """Messages -> prompt text with the pair's chat template."""
+        self._check_messages(messages)
+        return self._require_open().render_chat(messages)
+
+    def _check_messages(self, messages: Any) -> None:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts", "messages")
+        for m in messages:
+            check_text(m.get("role"), "messages", "each message's role")
+            check_text(m.get("content"), "messages", "each message's content")
+
+    def _start(
+        self,
+        text: Callable[[int], Segments],
+        stop: Sequence[str],
+        logprobs: Optional[int],
+        learned_costs: bool,
+        options: dict[str, Any],
+    ) -> Response:
+        """A response to the prompt ``text(limit)`` makes: the request's options are checked first,
+        then the prompt is tokenised, refused from its size where it cannot fit the context's
+        ``limit`` tokens (before tokenising where its bytes or messages tell, else as it is)."""
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
-            raise OptionError(f"logprobs must be an integer >= 0, got {quoted(logprobs)}", "logprobs")
+        if logprobs is not None and not json_int(logprobs, 0, LOGPROBS_MAX):
+            raise OptionError(f"logprobs must be an integer in 0..{LOGPROBS_MAX}, got {quoted(logprobs)}", "logprobs")
         seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
         model = self.learned if learned_costs or not seeded else self.calibrated
-        ids = models.target.tokenize(prompt)
+        limit = models.target.n_positions
+        try:
+            ids = models.target.tokenize_segments(text(limit), limit=limit)
+        except ContextOverflowError as e:
+            raise ContextOverflowError(
+                f"prompt cannot fit the context: {e}, and it holds {limit} (--ctx-size); shorten it or raise --ctx-size"
+            ) from None
         gen = Generation(
             models.target,
             models.aux,
@@ -261,26 +322,6 @@ class Engine:
         response = Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
         self._responses.add(response)
         return response
-
-    def chat(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        stop: Sequence[str] = (),
-        logprobs: Optional[int] = None,
-        **options: Any,
-    ) -> Response:
-        """Answer a conversation rendered with the pair's chat template."""
-        return self.generate(self.render_chat(messages), stop=stop, logprobs=logprobs, **options)
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Messages -> prompt text with the pair's chat template."""
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts", "messages")
-        for m in messages:
-            check_text(m.get("role"), "messages", "each message's role")
-            check_text(m.get("content"), "messages", "each message's content")
-        return self._require_open().render_chat(messages)
 
     def score(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """log p_target(token | prefix) of each of ``tokens`` after ``prompt_ids`` (raw logits)."""
@@ -318,7 +359,8 @@ class Engine:
 
     @property
     def n_ctx(self) -> int:
-        return self._require_open().target.n_ctx
+        """Tokens of prompt and answer a run may hold (--ctx-size; llama.cpp's context has more cells)."""
+        return self._require_open().target.n_positions
 
     @property
     def pair(self) -> Pair:

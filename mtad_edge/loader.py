@@ -3,7 +3,6 @@ the methods that will run on it (each method's ``layout`` says what a step needs
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import reduce
@@ -12,10 +11,10 @@ from typing import Any, Optional
 
 import mtad_edge.store as store
 from mtad_edge.pairs import GPU_LAYERS_MAX, Pair, valid_gpu_layers
-from mtad_edge.runtime import amx, guard, methods
-from mtad_edge.runtime.backend import Backend
+from mtad_edge.runtime import amx, chat, guard, methods
+from mtad_edge.runtime.backend import Backend, Segments
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
-from mtad_edge.runtime.errors import MtadEdgeError, json_int, quoted
+from mtad_edge.runtime.errors import MtadEdgeError, OptionError, json_int, quoted
 from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
@@ -79,7 +78,7 @@ def load_backend(
             provider=opts.provider,
             spin=spin,
             positions=positions,
-            load_records=StoredLoads(),
+            model_facts=StoredModelFacts(),
         )
         return OrtBackend(path, cfg)
     from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
@@ -94,12 +93,11 @@ def load_backend(
             flash_attn=opts.flash_attn,
             positions=positions,
             amx_store=StoredAmxCrashes(),
-            load_records=StoredLoads(),
+            model_facts=StoredModelFacts(),
         ),
     )
 
 
-@functools.cache
 def _llama_build() -> Optional[list[Any]]:
     """The llama.cpp build this process runs, the CPU and the kernel (None where /proc cannot say)."""
     build = amx.build_identity()
@@ -109,32 +107,33 @@ def _llama_build() -> Optional[list[Any]]:
     return [libraries, build["cpu"], build["kernel"], build["features"]]
 
 
-@functools.cache
 def _onnx_build() -> list[Any]:
     import onnxruntime
 
     return [onnxruntime.__version__, store.file_identity(onnxruntime.__file__)]
 
 
-class StoredLoads:
-    """The model files that loaded cleanly in runtime/guard.py's child, kept in the cache by the
-    files' identity and the build, so a second load of a known file runs no child."""
+class StoredModelFacts:
+    """Facts a backend derives about a model file once (runtime/guard.py: a child loaded it
+    cleanly; its special tokens), kept in the cache by the files' identity and the build that
+    read them, so a second load of a known file derives nothing."""
 
-    def _record(self, kind: str, path: Path) -> Optional[Path]:
+    def _record(self, kind: str, path: Path, fact: str) -> Optional[Path]:
         build = _llama_build() if kind == "gguf" else _onnx_build()
         if build is None:
             return None
         files = store.file_identity(*(f.resolve() for f in guard.model_files(kind, path)))
-        return store.path("loads", store.key([kind, build, files]))
+        return store.path("models", store.key([kind, build, files, fact]))
 
-    def loaded(self, kind: str, path: Path) -> bool:
-        record = self._record(kind, path)
-        return record is not None and store.read_json(record) == {"loaded": True}
+    def get(self, kind: str, path: Path, fact: str) -> Optional[Any]:
+        record = self._record(kind, path, fact)
+        value = store.read_json(record) if record is not None else None
+        return value.get(fact) if isinstance(value, dict) else None
 
-    def record_loaded(self, kind: str, path: Path) -> None:
-        record = self._record(kind, path)
+    def put(self, kind: str, path: Path, fact: str, value: Any) -> None:
+        record = self._record(kind, path, fact)
         if record is not None:
-            store.remember(lambda: store.write_json(record, {"loaded": True}))
+            store.remember(lambda: store.write_json(record, {fact: value}))
 
 
 class StoredAmxCrashes:
@@ -176,6 +175,25 @@ class LoadedPair:
         spec = (self.pair.manifest.data.get("chat_template") or {}) if self.pair.manifest else {}
         name = spec.get("name") if spec.get("source") == "builtin" else None
         return self.target.apply_chat_template(messages, template=name)
+
+    def chat_segments(self, messages: list[dict[str, str]]) -> Segments:
+        """Messages -> the template's markup and the messages' text, apart (runtime/chat.py), so
+        only the markup becomes control tokens."""
+        found = chat.segments(self.render_chat, messages)
+        if found is not None:
+            return found
+        # A template that changes the contents beyond trimming them: their text cannot be found in
+        # its output, so the whole is markup, unless a content would then become control tokens.
+        for m in messages:
+            if self.target.tokenize(m["content"], add_special=False) != self.target.tokenize(
+                m["content"], add_special=False, special=False
+            ):
+                raise OptionError(
+                    f"a {m['role']} message holds a special token's text, and this chat template changes "
+                    "messages so that their text cannot be kept apart from its markup",
+                    "messages",
+                )
+        return [(self.render_chat(messages), True)]
 
     def close(self) -> None:
         for m in (self.aux, self.target):

@@ -59,6 +59,12 @@ class VocabInfo:
     eos: int
     add_bos: bool
     text: Callable[[int], bytes]  # token id -> its text in the vocabulary
+    add_eos: bool = False
+
+
+# Text in pieces, each saying whether special tokens written in it become control tokens (a chat
+# template's markup) or stay text (a message's content): runtime/special.py.
+Segments = Sequence[tuple[str, bool]]
 
 
 class Backend(Protocol):
@@ -66,8 +72,17 @@ class Backend(Protocol):
     n_ctx: int  # KV cells of the context (shared by all sequences)
     n_seq_max: int
     n_batch: int  # most rows one decode call may carry logits for
+    n_positions: int  # committed tokens a run may hold (--ctx-size), at most n_ctx
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
+        """``add_special``: BOS / EOS as the model adds them; ``special``: special tokens written
+        in the text become control tokens (else they stay text)."""
+        ...
+
+    def tokenize_segments(self, segments: Segments, add_special: bool = True, limit: Optional[int] = None) -> list[int]:
+        """Text given as segments, special tokens parsed only in those that say so; ``limit``:
+        runtime/special.py's TooLong as soon as the text is known to make more tokens."""
+        ...
 
     def token_bytes(self, token: int) -> bytes: ...
 

@@ -7,9 +7,14 @@ written here in jinja so both backends render the same prompt text.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import secrets
+from collections.abc import Callable
+from typing import Any, Optional
 
 from .errors import ModelLoadError, first_line, quoted
+
+Segment = tuple[str, bool]  # text, and whether special tokens written in it are parsed (backend.Segments)
 
 # A template's `*` may repeat a string or list into at most this many items: real templates
 # repeat a few spaces, and a template that asks for gigabytes is not one (a model file is untrusted).
@@ -83,3 +88,42 @@ def _sandbox() -> Any:
             return super().call_binop(context, operator, left, right)
 
     return Sandbox(trim_blocks=True, lstrip_blocks=True)
+
+
+# Around a placeholder, the characters a template's trim() drops (llama.cpp's trim: C's isspace).
+_SPACE = " \t\n\v\f\r"
+_MARK = "\ue000{nonce}{i}\ue001"  # private-use characters: in no template's markup
+_MARKS = "\ue000{nonce}(\\d+)\ue001"
+
+
+def segments(render: Callable[[list[dict[str, str]]], str], messages: list[dict[str, str]]) -> Optional[list[Segment]]:
+    """``messages`` rendered by ``render`` as segments of the template's markup (special tokens
+    written in it become control tokens) and of the messages' text (they stay text), so a user's
+    ``<|im_end|>`` cannot close their turn and open a system one.
+
+    Each content is rendered as a placeholder (its leading and trailing whitespace kept around it,
+    so a template that trims the content trims it alike), then the placeholders are replaced by
+    the contents. None where the result is not the text ``render`` gives for the real messages (a
+    template that transforms a content otherwise than trimming it)."""
+    nonce = secrets.token_hex(8)
+    cores, shown = [], []
+    for i, m in enumerate(messages):
+        content = m["content"]
+        core = content.strip(_SPACE)
+        lead = content[: len(content) - len(content.lstrip(_SPACE))]
+        trail = content[len(lead) + len(core) :]
+        cores.append(core)
+        shown.append({**m, "content": lead + _MARK.format(nonce=nonce, i=i) + trail})
+    text = render(shown)
+    out: list[Segment] = []
+    pos = 0
+    for found in re.finditer(_MARKS.format(nonce=nonce), text):
+        i = int(found.group(1))
+        if i >= len(cores):
+            return None
+        out += [(text[pos : found.start()], True), (cores[i], False)]
+        pos = found.end()
+    out.append((text[pos:], True))
+    if "".join(t for t, _ in out) != render(messages):
+        return None
+    return [(t, parse) for t, parse in out if t]

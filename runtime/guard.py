@@ -7,7 +7,7 @@ more in the vocabulary and graph code. A list of checks of our own is always one
 so the class is closed here instead: a child loads the model the way we would, on the CPU, and
 decodes one token (graph-building asserts fire there). Where the child dies by a signal, the load
 is a one-line ``ModelLoadError`` quoting llama.cpp's last words (``GGML_ASSERT(...) failed``);
-where it ran, the caller keeps that (``LoadRecords``, by the file's identity and the build), so a
+where it ran, the caller keeps that (``ModelFacts``, by the file's identity and the build), so a
 second load of a known file costs one small read. A child that fails cleanly, or runs past its
 time, proves nothing: the model then loads here as it did before the guard (llama.cpp's own
 error, or a slow disk), and nothing is kept.
@@ -21,12 +21,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from .amx import can_spawn_python, no_core_dump
 from .errors import ModelLoadError
 
 CHILD_MODULE = "mtad_edge.runtime.guard"
+LOADED = "loaded"  # the fact kept for a file a child loaded cleanly
 CHILD_CTX = 64  # the child's context, in cells: one token is decoded
 # A child reads the whole file once (the one-token decode touches every weight): a minute, plus
 # what a slow disk (50 MB/s) needs for the file. Past it the child is killed and the load goes on here.
@@ -37,26 +38,27 @@ _ABORT_LINE = re.compile(r"^\S+:\d+: .+$", re.MULTILINE)
 _STDERR_TAIL = 64 * 1024  # bytes of the child's stderr kept: its last words are at the end
 
 
-class LoadRecords(Protocol):
-    """The model files a child loaded cleanly, kept across processes by the caller (its cache)."""
+class ModelFacts(Protocol):
+    """Facts about a model file kept across processes by the caller (its cache), by the file's
+    identity and the build that read it: here, that a child loaded it cleanly."""
 
-    def loaded(self, kind: str, path: Path) -> bool: ...
+    def get(self, kind: str, path: Path, fact: str) -> Optional[Any]: ...
 
-    def record_loaded(self, kind: str, path: Path) -> None: ...
+    def put(self, kind: str, path: Path, fact: str, value: Any) -> None: ...
 
 
-def check_loads(kind: str, path: Path, records: Optional[LoadRecords]) -> None:
+def check_loads(kind: str, path: Path, records: Optional[ModelFacts]) -> None:
     """Load ``path`` (``kind``: "gguf" or "onnx") in a child first, unless ``records`` say this
     build loaded it before; ModelLoadError where the child was killed by a signal (an abort, a
     crash). No child where Python cannot start one (a frozen app): the load is then unguarded."""
-    if records is not None and records.loaded(kind, path):
+    if records is not None and records.get(kind, path, LOADED) is True:
         return
     if not can_spawn_python():
         return
     rc, err = _run_child(kind, path)
     if rc == 0:
         if records is not None:
-            records.record_loaded(kind, path)
+            records.put(kind, path, LOADED, True)
         return
     if rc is not None and rc < 0:
         engine = "llama.cpp" if kind == "gguf" else "onnxruntime"

@@ -21,13 +21,17 @@ from typing import Any, Optional
 import numpy as np
 
 from .amx import VerdictStore, amx_works
-from .backend import Batch, VocabInfo, check_trained_context
+from .backend import Batch, Segments, VocabInfo, check_trained_context
 from .errors import ModelLoadError, MtadEdgeError
 from .gguf_header import read_block_count, read_header
-from .guard import LoadRecords, check_loads
+from .guard import ModelFacts, check_loads
 from .repack import REPACK_BUFFER, Overrides, amx_kinds, placements
+from .special import Special, SpecialTokens, tokenize
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+# llama_token_attr bits (llama.h): the tokens llama.cpp cuts out of text before tokenising it
+ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED, ATTR_LSTRIP, ATTR_RSTRIP = 1, 8, 16, 128, 256
+SPECIAL_FACT = "special_tokens"  # the special tokens, as kept in the model facts
 # Weights repacked for Intel AMX crash llama.cpp's first matrix product of more than one row in
 # builds whose compiler drops the AMX tile configuration (llama.cpp #20824 / #26954; here: GCC
 # 12's build of llama-cpp-python on a Sapphire-Rapids-class VM), so where the build uses AMX,
@@ -61,7 +65,7 @@ class LlamaCppConfig:
     flash_attn: Optional[bool] = None  # None: flash_attention() decides
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
     amx_store: Optional[VerdictStore] = None  # AMX children that crashed in earlier processes (runtime/amx.py)
-    load_records: Optional[LoadRecords] = None  # files a guard child loaded in earlier processes (runtime/guard.py)
+    model_facts: Optional[ModelFacts] = None  # what earlier processes derived about the file (runtime/guard.py)
 
 
 # What a KV cache may take of the machine's memory: beyond it, a context that llama.cpp would
@@ -218,9 +222,10 @@ class LlamaCppBackend:
         self.config = config
         self._model = self._ctx = None
         self._batch: Optional[_BatchBuffer] = None
+        self._specials: Optional[SpecialTokens] = None
         _check_gguf_file(self.path)
         _check_layers(self.path)
-        check_loads("gguf", self.path, config.load_records)  # where llama.cpp aborts, a child dies, not us
+        check_loads("gguf", self.path, config.model_facts)  # where llama.cpp aborts, a child dies, not us
         quiet_llama_logs()
 
         _Log.recent.clear()
@@ -270,6 +275,7 @@ class LlamaCppBackend:
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {_Log.reason()}")
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_positions = min(config.positions or self.n_ctx, self.n_ctx)
         self.n_batch = cparams.n_batch
         self.n_seq_max = config.n_seq_max
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -279,6 +285,7 @@ class LlamaCppBackend:
         self._history: dict[int, list[int]] = {}  # seq -> tokens by position, for the re-prefill fallback
         self.rollback_fallbacks = 0
         try:
+            self.special_tokens()  # at load, not in the first request (read once per file, then kept)
             self._probe()
         except BaseException:
             self.close()
@@ -317,16 +324,55 @@ class LlamaCppBackend:
             )
 
     # -- vocabulary ---------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
+        return tokenize(self, [(text, special)], add_special)
+
+    def tokenize_segments(self, segments: Segments, add_special: bool = True, limit: Optional[int] = None) -> list[int]:
+        return tokenize(self, segments, add_special, limit)
+
+    def tokenize_raw(self, text: str) -> list[int]:
+        """Text that holds no special token, as llama.cpp tokenises it (runtime/special.py cut
+        them out: llama.cpp's own cutting is quadratic in their number)."""
         data = text.encode("utf-8")
         cap = len(data) + 16
         buf = (self._lib.llama_token * cap)()
-        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, False)
         if n < 0:
             cap = -n
             buf = (self._lib.llama_token * cap)()
-            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, cap, False, False)
         return list(buf[:n])
+
+    def special_tokens(self) -> SpecialTokens:
+        if self._specials is None:
+            self._specials = self._read_specials()
+        return self._specials
+
+    def _read_specials(self) -> SpecialTokens:
+        """The tokens llama.cpp cuts out of text (control, unknown and user-defined ones) and the
+        longest token's text, read once per file and build: asked of llama.cpp token by token,
+        Gemma's 262k take about a second."""
+        facts = self.config.model_facts
+        kept = facts.get("gguf", self.path, SPECIAL_FACT) if facts is not None else None
+        if isinstance(kept, dict):
+            with contextlib.suppress(TypeError, ValueError, KeyError):
+                specials = [
+                    Special(int(i), str(t), bool(c), bool(ls), bool(rs)) for i, t, c, ls, rs in kept["specials"]
+                ]
+                return SpecialTokens(specials, int(kept["max_token_bytes"]))
+        lib, vocab, found, longest = self._lib, self._vocab, [], 0
+        for i in range(self.n_vocab):
+            raw = lib.llama_vocab_get_text(vocab, i) or b""
+            longest = max(longest, len(raw))  # its stored text: at least the bytes of text it stands for
+            attr = lib.llama_vocab_get_attr(vocab, i)
+            if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
+                control = bool(attr & (ATTR_UNKNOWN | ATTR_CONTROL))  # else user-defined: cut out everywhere
+                text = raw.decode("utf-8", errors="replace")
+                found.append(Special(i, text, control, bool(attr & ATTR_LSTRIP), bool(attr & ATTR_RSTRIP)))
+        if facts is not None:
+            rows = [[s.id, s.text, s.control, s.lstrip, s.rstrip] for s in found]
+            facts.put("gguf", self.path, SPECIAL_FACT, {"specials": rows, "max_token_bytes": longest})
+        return SpecialTokens(found, longest)
 
     def token_bytes(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
@@ -348,6 +394,7 @@ class LlamaCppBackend:
             eos=lib.llama_vocab_eos(vocab),
             add_bos=bool(lib.llama_vocab_get_add_bos(vocab)),
             text=lambda i: lib.llama_vocab_get_text(vocab, i) or b"",
+            add_eos=bool(lib.llama_vocab_get_add_eos(vocab)),
         )
 
     def apply_chat_template(

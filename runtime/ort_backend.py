@@ -20,11 +20,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .backend import Batch, VocabInfo, check_trained_context
+from .backend import Batch, Segments, VocabInfo, check_trained_context
 from .chat import render
 from .errors import ModelLoadError, MtadEdgeError, first_line, json_int, json_problem, quoted
-from .guard import LoadRecords, check_loads
+from .guard import ModelFacts, check_loads
 from .ort_kv import DeviceKV, HostKV
+from .special import Special, SpecialTokens, tokenize
 from .vocab import piece_bytes
 
 
@@ -40,7 +41,7 @@ class OrtConfig:
     # when it loads a target alone.
     spin: bool = True
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
-    load_records: Optional[LoadRecords] = None  # models a guard child opened in earlier processes (runtime/guard.py)
+    model_facts: Optional[ModelFacts] = None  # what earlier processes derived about the model (runtime/guard.py)
 
 
 def _require(*names: str) -> list[Any]:
@@ -92,6 +93,17 @@ def _token_text(tcfg: dict[str, Any], key: str, folder: Path) -> Optional[str]:
     return value or None
 
 
+def _added_tokens(tokenizer: dict[str, Any], folder: Path) -> list[Special]:
+    """tokenizer.json's added tokens as special tokens: a "special" one is a control token, the
+    others are cut out of any text (as Hugging Face's tokenizers cut every added token out)."""
+    out = []
+    for t in tokenizer.get("added_tokens") or []:
+        if not isinstance(t, dict) or not json_int(t.get("id"), 0) or not isinstance(t.get("content"), str):
+            raise ModelLoadError(f"{folder / 'tokenizer.json'}: an added token needs an integer id and text content")
+        out.append(Special(t["id"], t["content"], bool(t.get("special")), bool(t.get("lstrip")), bool(t.get("rstrip"))))
+    return out
+
+
 class OrtBackend:
     def __init__(self, model_dir: str | os.PathLike[str], config: OrtConfig = OrtConfig()):
         ort, tokenizers, _ = _require("onnxruntime", "tokenizers", "jinja2")  # jinja2: chat templates
@@ -101,7 +113,7 @@ class OrtBackend:
         d = self.path.parent
         if not self.path.is_file():
             raise ModelLoadError(f"no ONNX model at {self.path}")
-        check_loads("onnx", self.path, config.load_records)  # where onnxruntime crashes, a child dies, not us
+        check_loads("onnx", self.path, config.model_facts)  # where onnxruntime crashes, a child dies, not us
         opts = ort.SessionOptions()
         if config.n_threads:
             opts.intra_op_num_threads = config.n_threads
@@ -143,6 +155,7 @@ class OrtBackend:
             self._store = HostKV(self._sess, [i.name for i in past], shape, dtype)
         self.provider, self.io_binding = providers[0], on_device
         self.n_ctx, self.n_seq_max = config.n_ctx, config.n_seq_max
+        self.n_positions = min(config.positions or config.n_ctx, config.n_ctx)
         self.n_batch = config.n_ctx  # any number of rows: long inputs are chunked in decode
         self.n_vocab = self._tok.get_vocab_size(with_added_tokens=True)
         self._chunk = max(8, (32 << 20) // self.n_vocab)  # tokens per run: 32M float logits at most
@@ -158,16 +171,27 @@ class OrtBackend:
         tj = _read_json(d / "tokenizer.json")
         self._byte_level = (tj.get("decoder") or {}).get("type") == "ByteLevel"
         self._control = {t["id"] for t in tj.get("added_tokens", []) if t.get("special")}
+        self._specials = SpecialTokens(_added_tokens(tj, d))
+        self._tok.encode_special_tokens = True  # special tokens are cut out by runtime/special.py, not here
         self._kv: dict[int, list[np.ndarray]] = {}
         self._hist: dict[int, list[int]] = {}
 
     # -- vocabulary -------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        ids: list[int] = list(self._tok.encode(text, add_special_tokens=False).ids)
+    def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
+        return self.tokenize_segments([(text, special)], add_special)
+
+    def tokenize_segments(self, segments: Segments, add_special: bool = True, limit: Optional[int] = None) -> list[int]:
+        ids = tokenize(self, segments, add_special=False, limit=limit)
         bos = self._special.get("bos_token")
         if add_special and self._tcfg.get("add_bos_token") and bos is not None and ids[:1] != [bos]:
             ids = [bos] + ids
         return ids
+
+    def tokenize_raw(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def special_tokens(self) -> SpecialTokens:
+        return self._specials
 
     def token_bytes(self, token: int) -> bytes:
         if int(token) in self._control:

@@ -56,6 +56,7 @@ class FakeLM:
         scripted machine for the adaptive controller."""
         self.clock, self.cost = clock, cost
         self.n_vocab, self.salt, self.n_ctx, self.n_seq_max = vocab, salt, n_ctx, n_seq_max
+        self.n_positions = n_ctx
         self.n_batch = n_ctx
         self.sharpness, self.eog = sharpness, eog
         self.seqs: dict[int, list[int]] = {}
@@ -66,8 +67,16 @@ class FakeLM:
         seed = hash((self.salt, *context)) % 2**32
         return (np.random.default_rng(seed).normal(size=self.n_vocab) * self.sharpness).astype(np.float32)
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         return [ord(c) % self.n_vocab for c in text]
+
+    def tokenize_segments(self, segments, add_special: bool = True, limit=None) -> list[int]:
+        from mtad_edge.runtime.special import TooLong
+
+        ids = self.tokenize("".join(text for text, _ in segments), add_special)
+        if limit is not None and len(ids) > limit:
+            raise TooLong(limit, "counted")
+        return ids
 
     def token_bytes(self, token: int) -> bytes:
         return chr(ord("a") + token).encode()

@@ -529,7 +529,7 @@ def test_the_guard_loads_a_file_once_per_identity_and_build(tmp_path, monkeypatc
     runs none; a rewritten file (new size or time) is another file."""
     import os
 
-    from mtad_edge.loader import StoredLoads
+    from mtad_edge.loader import StoredModelFacts
     from mtad_edge.runtime import guard
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
@@ -539,20 +539,20 @@ def test_the_guard_loads_a_file_once_per_identity_and_build(tmp_path, monkeypatc
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(60))
     for _ in range(3):
-        guard.check_loads("gguf", model, StoredLoads())
+        guard.check_loads("gguf", model, StoredModelFacts())
     assert children == [model]
     os.utime(model, ns=(1, 1))
-    guard.check_loads("gguf", model, StoredLoads())
+    guard.check_loads("gguf", model, StoredModelFacts())
     assert children == [model, model]
     monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["another build"])
-    guard.check_loads("gguf", model, StoredLoads())
+    guard.check_loads("gguf", model, StoredModelFacts())
     assert len(children) == 3
 
 
 def test_a_child_that_fails_cleanly_or_runs_out_of_time_proves_nothing_and_keeps_nothing(tmp_path, monkeypatch):
     """llama.cpp's own refusal is reported by the load that follows (its words, not ours); a
     child past its time (a slow disk) lets the load go on as before the guard."""
-    from mtad_edge.loader import StoredLoads
+    from mtad_edge.loader import StoredModelFacts
     from mtad_edge.runtime import guard
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
@@ -561,8 +561,8 @@ def test_a_child_that_fails_cleanly_or_runs_out_of_time_proves_nothing_and_keeps
     model.write_bytes(b"GGUF")
     for outcome in [(3, b"llama_model_load: error loading model"), (None, b"")]:
         monkeypatch.setattr(guard, "_run_child", lambda kind, path, outcome=outcome: outcome)
-        guard.check_loads("gguf", model, StoredLoads())  # no error: the load goes on
-        assert not StoredLoads().loaded("gguf", model)
+        guard.check_loads("gguf", model, StoredModelFacts())  # no error: the load goes on
+        assert StoredModelFacts().get("gguf", model, "loaded") is None
 
 
 def test_a_child_killed_by_a_signal_is_named_with_its_last_words(tmp_path, monkeypatch):
