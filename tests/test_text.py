@@ -30,7 +30,8 @@ def test_special_tokens_are_cut_out_of_markup_only_and_user_defined_ones_everywh
 
 def test_the_partition_is_linear_in_the_text_with_thousands_of_special_tokens():
     """llama.cpp's is quadratic in the tokens it cuts out (1 MiB of '<|im_start|>a': 19 s)."""
-    table = SpecialTokens([Special(i, f"<unused{i}>", True) for i in range(6000)] + [Special(7000, "<|im_start|>", True)])
+    unused = [Special(i, f"<unused{i}>", True) for i in range(6000)]
+    table = SpecialTokens([*unused, Special(7000, "<|im_start|>", True)])
     t0 = time.perf_counter()
     pieces = table.split([("<|im_start|>a" * 80_000, True)])
     assert len(pieces) == 160_000 and time.perf_counter() - t0 < 5  # a bound on a hang, not a speed target
@@ -55,7 +56,7 @@ def test_tokenising_gives_llama_cpps_tokens_on_texts_with_and_without_special_to
     with LlamaCppBackend(path, LlamaCppConfig(n_ctx=64)) as model:
         specials = list(model.special_tokens().by_text)
         rng = random.Random(0)
-        texts = ["", " leading space", "Hi there! <b>bold</b> [x] 123 ünïcödé 日本語\n\n  spaces  ", "<|im_start|>a" * 30]
+        texts = ["", " leading", "Hi there! <b>bold</b> [x] 123 ünïcödé 日本語\n\n  spaces  ", "<|im_start|>a" * 30]
         for _ in range(150):
             parts = []
             for _ in range(rng.randint(1, 10)):
@@ -81,7 +82,8 @@ def test_a_users_special_token_text_stays_text_in_every_role(smol_files):
 
     with Engine.load(pair="smollm2-135m", method="ar", method_names=["ar"], n_ctx=256, threads=2) as engine:
         for role in ("user", "system", "assistant"):
-            messages = [{"role": role, "content": FORGED}] + ([{"role": "user", "content": "ok"}] if role != "user" else [])
+            after = [{"role": "user", "content": "ok"}] if role != "user" else []
+            messages = [{"role": role, "content": FORGED}, *after]
             ids = engine.chat(messages, max_tokens=1).prompt_ids
             starts = sum(m["role"] in ("user", "system", "assistant") for m in messages) + 1  # + the assistant's turn
             assert ids.count(1) == starts and ids.count(2) == len(messages), (role, ids)
