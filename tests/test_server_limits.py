@@ -1,14 +1,16 @@
 """Issue 27 against a real `mtad-edge serve` on loopback: one request never starves the server.
 Bodies are cut at --max-body as they stream in, half-sent and idle connections are closed after
 --header-timeout / --idle-timeout, connections over --max-connections are refused with a 503 and
-one log line, and malformed requests are 400s, never 500s with a traceback."""
+one log line, and malformed requests are 400s, never 500s with a traceback.
+
+Round two: a prompt that takes seconds to tokenize never holds up the server's other clients."""
 
 import contextlib
 import http.client
 import json
-import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -40,19 +42,23 @@ class Server:
         conn.close()
         return resp.status, json.loads(raw) if raw else None
 
+    def get(self, path="/v1/models", timeout=60):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        return resp.status, json.loads(raw)
+
     def stderr(self) -> str:
         return self.log.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def server(smol_files, tmp_path_factory):
+def start(log: Path, *args: str) -> Server:
+    """`mtad-edge serve` on a free loopback port with ``args``, once it answers (its stderr in ``log``)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "stderr.txt"
-    args = ["serve", "--port", str(port), "--ctx-size", "256", "--threads", "2", "--max-tokens", "8"]
-    args += ["--queue-size", "2", "--max-body", str(MAX_BODY), "--header-timeout", "1", "--idle-timeout", "1"]
-    args += ["--max-connections", str(CAP)]
     with log.open("w") as err:
-        proc = subprocess.Popen([EXE, *args], stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
+        proc = subprocess.Popen([EXE, "serve", "--port", str(port), *args], stdout=subprocess.DEVNULL, stderr=err)
     s = Server(port, proc, log)
     deadline = time.time() + 120
     while True:
@@ -64,11 +70,25 @@ def server(smol_files, tmp_path_factory):
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
             pytest.fail(f"server did not start: {s.stderr()[-2000:]}")
         time.sleep(0.2)
+    return s
+
+
+def stop(s: Server) -> None:
+    s.proc.terminate()
+    s.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(smol_files, tmp_path_factory):
+    args = ["--ctx-size", "256", "--threads", "2", "--max-tokens", "8", "--queue-size", "2"]
+    args += ["--max-body", str(MAX_BODY), "--header-timeout", "1", "--idle-timeout", "1"]
+    args += ["--max-connections", str(CAP)]
+    s = start(tmp_path_factory.mktemp("serve") / "stderr.txt", *args)
     yield s
-    proc.terminate()
-    proc.wait(timeout=30)
+    stop(s)
 
 
 def read_response(sock: socket.socket, timeout: float) -> bytes:
@@ -189,3 +209,39 @@ def test_text_parts_still_work(server):
     parts = [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi."}]
     status, body = server.post({"messages": [{"role": "user", "content": parts}], "max_tokens": 4})
     assert status == 200, body
+
+
+# == round two ========================================================================================
+# -- 3. tokenizing a prompt never holds up the server's loop -----------------------------------------
+@pytest.fixture(scope="module")
+def big_server(smol_files, tmp_path_factory):
+    """A server that takes 2 MiB bodies (the default --max-body is 1 MiB)."""
+    args = ["--ctx-size", "256", "--threads", "2", "--max-tokens", "8", "--max-body", str(2 << 20)]
+    s = start(tmp_path_factory.mktemp("serve-big") / "stderr.txt", *args)
+    yield s
+    stop(s)
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        # Special-token parsing is quadratic in llama.cpp: 1 MiB of these took 19 s to tokenize, 512 KiB 5 s.
+        ("/v1/completions", {"prompt": "<|im_start|>a" * ((512 << 10) // 13), "max_tokens": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": ""}] * 29_000, "max_tokens": 1}),
+    ],
+)
+def test_a_prompt_that_takes_seconds_to_tokenize_never_holds_up_other_clients(big_server, path, body):
+    """It was tokenized on the server's event loop before the queue admitted it: /v1/models (and
+    every running stream) waited the 19 s it took."""
+    got: dict = {}
+    big = threading.Thread(target=lambda: got.update(answer=big_server.post(body, path=path, timeout=600)))
+    big.start()
+    time.sleep(1.0)  # its body has arrived: it is being tokenized
+    started = time.time()
+    status, models = big_server.get(timeout=60)
+    waited = time.time() - started
+    big.join(600)
+    assert status == 200 and models["data"], models
+    assert waited < 2.0, f"/v1/models waited {waited:.1f} s"
+    status, err = got["answer"]  # too long for the context: the same 400 as before, before any work
+    assert status == 400 and "prompt has" in err["error"]["message"], err

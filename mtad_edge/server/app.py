@@ -1,9 +1,11 @@
 """An OpenAI-compatible HTTP server over one Engine (FastAPI + uvicorn).
 
 Requests run one at a time (the engine's lock); up to ``queue_size`` more wait, the rest get a
-429. Whatever ends a request early stops its generation at the next decoding step, and a waiting
-one leaves the queue at once: a client that goes away (streaming or not), or the server stopping
-(``app.state.runs.stop_all()``, called by `mtad-edge serve` on SIGINT/SIGTERM).
+429. A request's place is taken before its prompt is rendered and tokenized, which happens in its
+worker thread (seconds for a large prompt), never on the event loop. Whatever ends a request
+early stops its generation at the next decoding step, and a waiting one leaves the queue at once:
+a client that goes away (streaming or not), or the server stopping (``app.state.runs.stop_all()``,
+called by `mtad-edge serve` on SIGINT/SIGTERM).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -30,42 +32,70 @@ from mtad_edge.server import protocol as P
 from mtad_edge.server.limits import MAX_HEADER_BYTES
 
 
+class Ticket:
+    """A place in the queue, taken before its Response exists: building one renders the chat
+    template and tokenizes the prompt (seconds for a large one), which runs in the worker after
+    admission, never on the server's loop. A cancel that comes first (the client gone, the server
+    stopping) cancels the response as soon as it is attached."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.response: Optional[Response] = None
+
+    def attach(self, response: Response) -> None:
+        self.response = response
+        if self.cancelled:  # read after the store, as cancel reads after its own: one of the two sees the other
+            response.cancel()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        response = self.response
+        if response is not None:
+            response.cancel()
+
+
 class Runs:
     """The generations the server holds: one running and up to ``queue_size`` waiting, each in a
-    worker thread. ``stop_all`` may be called from a signal handler: it only sets flags and
-    events (set.add/discard and list(set) are atomic under the GIL, so no lock is needed)."""
+    worker thread from its admission on. ``stop_all`` may be called from a signal handler: it only
+    sets flags and events (set.add/discard and list(set) are atomic under the GIL, so no lock is
+    needed)."""
 
     def __init__(self, queue_size: int):
         self.capacity = queue_size + 1
-        self.active: set[Response] = set()
+        self.active: set[Ticket] = set()
         self.closing = False
         self.pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="mtad-gen")
 
-    def admit(self, response: Response) -> Optional[P.BadRequest]:
-        """Take a place for ``response``, or the error to answer instead."""
+    def admit(self) -> Ticket:
+        """A place for a new request, or BadRequest (503 stopping, 429 full)."""
         if self.closing:
-            return P.BadRequest("the server is shutting down", status=503, kind="server_error")
+            raise P.BadRequest("the server is shutting down", status=503, kind="server_error")
         if len(self.active) >= self.capacity:
-            return P.BadRequest(
+            raise P.BadRequest(
                 f"server busy: {self.capacity - 1} requests already waiting; retry later",
                 status=429,
                 kind="rate_limit_error",
             )
-        self.active.add(response)
-        return None
+        ticket = Ticket()
+        self.active.add(ticket)
+        if self.closing:  # stop_all ran (a signal) between the check and the add
+            ticket.cancel()
+        return ticket
 
-    def run(self, response: Response, work: Callable[[], Any]) -> Any:
-        """``work`` (iterating ``response``) in this worker thread; the place is freed after it."""
+    def run(self, ticket: Ticket, work: Callable[[], Any]) -> Any:
+        """``work`` (building and iterating the ticket's response) in this worker thread; the
+        place is freed after it."""
         try:
             return work()
         finally:
-            self.active.discard(response)
+            self.active.discard(ticket)
 
     def stop_all(self) -> None:
-        """Refuse new requests and cancel every generation (each ends at its next step)."""
+        """Refuse new requests and cancel every generation (each ends at its next step, one
+        still being built as soon as it exists)."""
         self.closing = True
-        for r in list(self.active):
-            r.cancel()
+        for t in list(self.active):
+            t.cancel()
 
     def close(self) -> None:
         self.stop_all()
@@ -131,9 +161,9 @@ class GenerationStream(StreamingResponse):
     """SSE events of one generation. However the response ends (finished, the client gone, the
     server stopping, even before its first byte), the generation is cancelled."""
 
-    def __init__(self, events: AsyncIterator[str], response: Response):
+    def __init__(self, events: AsyncIterator[str], ticket: Ticket):
         super().__init__(events, media_type="text/event-stream")
-        self.generation = response
+        self.generation = ticket
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -180,28 +210,47 @@ def create_app(
     async def _serve(request: Request, kind: str) -> Any:
         try:
             req = P.parse(await _json_body(request, max_body), kind, model_name)
-            extra = dict(stop=req.stop, logprobs=req.logprobs, **req.options)
-            if req.messages is not None:
-                response = engine.chat(req.messages, **extra)
-            else:
-                response = engine.generate(req.prompt or "", **extra)
+            ticket = runs.admit()
         except P.BadRequest as e:
             return _error(e)
-        except (ValueError, MtadEdgeError) as e:
-            return _error(P.BadRequest(str(e), getattr(e, "param", None)))
         except ClientDisconnect:  # gone before its body arrived
             return HttpResponse(status_code=499)
-        refused = runs.admit(response)
-        if refused is not None:
-            return _error(refused)
         rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
         if req.stream:
-            return GenerationStream(_stream(response, kind, rid), response)
-        return await _complete(request, response, kind, rid)
+            return await _stream(request, ticket, req, kind, rid)
+        return await _complete(request, ticket, req, kind, rid)
 
-    def _stream(response: Response, kind: str, rid: str) -> AsyncIterator[str]:
-        """Start the generation now (its place is freed when the worker ends, even if the
-        events are never sent) and return its SSE events."""
+    def _build(req: P.Parsed) -> Response:
+        """The request's Response (renders the chat template, tokenizes the prompt: in a worker)."""
+        extra = dict(stop=req.stop, logprobs=req.logprobs, **req.options)
+        if req.messages is not None:
+            return engine.chat(req.messages, **extra)
+        return engine.generate(req.prompt or "", **extra)
+
+    def _start(ticket: Ticket, req: P.Parsed, then: Callable[[Response], Any]) -> tuple[Future, asyncio.Future]:
+        """In a worker: build the response, then ``then(response)``. ``built`` holds the response,
+        or the error that refused the request (then nothing runs); the place is freed when the
+        worker ends."""
+        built: Future = Future()
+
+        def job() -> Any:
+            if not built.set_running_or_notify_cancel():  # the handler was cancelled before this began
+                return None
+            try:
+                response = _build(req)
+            except Exception as e:  # answered by the handler: a 400 naming the parameter, as before
+                built.set_exception(e)
+                return None
+            ticket.attach(response)
+            built.set_result(response)
+            return then(response)
+
+        return built, asyncio.get_running_loop().run_in_executor(runs.pool, runs.run, ticket, job)
+
+    async def _stream(request: Request, ticket: Ticket, req: P.Parsed, kind: str, rid: str) -> Any:
+        """Build the response in a worker, then run it there (its place is freed when the worker
+        ends, even if the events are never sent). The stream's headers go out only once it is
+        built, so a refused request is still a 4xx."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -209,7 +258,7 @@ def create_app(
             with contextlib.suppress(RuntimeError):  # the loop is closed: the server has gone
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        def produce() -> None:
+        def produce(response: Response) -> None:
             try:
                 for piece in response:
                     put(("text", piece))
@@ -217,19 +266,32 @@ def create_app(
             except Exception as e:  # reported to the client as a final error event
                 put(("error", str(e)))
 
-        runs.pool.submit(runs.run, response, produce)
-        return _events(queue, response, kind, rid)
+        built, _ = _start(ticket, req, produce)
+        ready = asyncio.wrap_future(built)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({ready, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not ready.done():
+                ticket.cancel()  # the client left while it was built, or this task was cancelled (shutdown)
+            gone.cancel()
+        if not ready.done():
+            return HttpResponse(status_code=499)  # nobody reads it
+        problem = ready.exception()
+        if problem is not None:
+            return _refused(problem)
+        return GenerationStream(_events(queue, ready.result(), kind, rid), ticket)
 
-    async def _complete(request: Request, response: Response, kind: str, rid: str) -> Any:
-        """Run to the end, unless the client goes away first: then cancel (the worker stops at
-        the next step, or leaves the queue) and answer no one."""
-        work = asyncio.get_running_loop().run_in_executor(runs.pool, runs.run, response, response.text)
+    async def _complete(request: Request, ticket: Ticket, req: P.Parsed, kind: str, rid: str) -> Any:
+        """Build and run to the end, unless the client goes away first: then cancel (the worker
+        stops at the next step, or leaves the queue) and answer no one."""
+        built, work = _start(ticket, req, lambda response: response.text())
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not work.done():
-                response.cancel()  # the client left, or this task was cancelled (shutdown)
+                ticket.cancel()  # the client left, or this task was cancelled (shutdown)
             left = gone.done()
             gone.cancel()
         try:
@@ -238,6 +300,10 @@ def create_app(
             return _error(P.BadRequest(str(e), status=500, kind="server_error"))
         if left:
             return HttpResponse(status_code=499)  # nobody reads it
+        problem = built.exception()
+        if problem is not None:
+            return _refused(problem)
+        response = built.result()
         if response.finish_reason == "cancelled":
             return _error(P.BadRequest("the server is shutting down", status=503, kind="server_error"))
         logprobs = P.logprobs_object(kind, response.logprobs, text) if response.logprobs is not None else None
@@ -298,6 +364,14 @@ async def _json_body(request: Request, max_body: int) -> dict:
     if not isinstance(body, dict):
         raise P.BadRequest("the JSON body must be an object")
     return body
+
+
+def _refused(e: BaseException) -> JSONResponse:
+    """What building a response raised: a bad option or a prompt too long is a 400 naming the
+    parameter; anything else is a bug, raised for the server's 500."""
+    if isinstance(e, (ValueError, MtadEdgeError)):
+        return _error(P.BadRequest(str(e), getattr(e, "param", None)))
+    raise e
 
 
 def _sse(obj: dict) -> str:
