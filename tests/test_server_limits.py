@@ -3,7 +3,8 @@ Bodies are cut at --max-body as they stream in, half-sent and idle connections a
 --header-timeout / --idle-timeout, connections over --max-connections are refused with a 503 and
 one log line, and malformed requests are 400s, never 500s with a traceback.
 
-Round two: a prompt that takes seconds to tokenize never holds up the server's other clients."""
+Round two: a prompt that takes seconds to tokenize never holds up the server's other clients, and
+a body has --body-timeout to arrive whole."""
 
 import contextlib
 import http.client
@@ -21,6 +22,7 @@ from helpers import EXE
 pytestmark = pytest.mark.slow
 MAX_BODY = 65536
 CAP = 20  # --max-connections
+BODY_TIMEOUT = 4  # --body-timeout
 
 
 def free_port() -> int:
@@ -85,7 +87,7 @@ def stop(s: Server) -> None:
 def server(smol_files, tmp_path_factory):
     args = ["--ctx-size", "256", "--threads", "2", "--max-tokens", "8", "--queue-size", "2"]
     args += ["--max-body", str(MAX_BODY), "--header-timeout", "1", "--idle-timeout", "1"]
-    args += ["--max-connections", str(CAP)]
+    args += ["--body-timeout", str(BODY_TIMEOUT), "--max-connections", str(CAP)]
     s = start(tmp_path_factory.mktemp("serve") / "stderr.txt", *args)
     yield s
     stop(s)
@@ -245,3 +247,42 @@ def test_a_prompt_that_takes_seconds_to_tokenize_never_holds_up_other_clients(bi
     assert waited < 2.0, f"/v1/models waited {waited:.1f} s"
     status, err = got["answer"]  # too long for the context: the same 400 as before, before any work
     assert status == 400 and "prompt has" in err["error"]["message"], err
+
+
+# -- 5. a body has --body-timeout to arrive whole; slow senders make room for new connections ---------
+def trickle(socks: list, stop: threading.Event, every: float = 0.3) -> threading.Thread:
+    """Send one byte of body on each socket every ``every`` s (under --header-timeout 1, the
+    longest pause) until ``stop`` is set; a socket the server closed is left alone."""
+
+    def run() -> None:
+        live = list(socks)
+        while live and not stop.wait(every):
+            for s in list(live):
+                try:
+                    s.sendall(b" ")
+                except OSError:
+                    live.remove(s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def slow_post(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"{head}Content-Length: 1000\r\n\r\n{{".encode())
+    return sock
+
+
+def test_a_trickled_body_is_a_408_at_the_body_timeout(server):
+    """Only a pause was bounded: a byte every few seconds kept the request open for ever."""
+    sock, stop = slow_post(server.port), threading.Event()
+    trickle([sock], stop)
+    started = time.time()
+    reply = read_response(sock, timeout=BODY_TIMEOUT + 10)
+    stop.set()
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert f"request body not received within {BODY_TIMEOUT} s".encode() in reply
+    assert time.time() - started < BODY_TIMEOUT + 5

@@ -16,7 +16,13 @@ from mtad_edge.cli.options import (
     missing_extra,
     model_options,
 )
-from mtad_edge.server.limits import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_HEADER_BYTES
+from mtad_edge.server.limits import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    MAX_HEADER_BYTES,
+)
 from mtad_edge.signals import interrupts
 
 
@@ -50,6 +56,13 @@ from mtad_edge.signals import interrupts
     help="Seconds a client has to send a request's headers, and at most between two pieces of its body (408).",
 )
 @click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0.1),
+    default=BODY_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a client has to send a request's whole body, once its headers are in (408).",
+)
+@click.option(
     "--idle-timeout",
     type=click.IntRange(min=1),
     default=IDLE_TIMEOUT_S,
@@ -73,6 +86,7 @@ def serve(
     queue_size: int,
     max_body: int,
     header_timeout: float,
+    body_timeout: float,
     idle_timeout: int,
     max_connections: int,
     model_name: Optional[str],
@@ -100,7 +114,13 @@ def serve(
             return
         model_name = model_name or model.label
         app = create_app(
-            engine, model_name, api_key=api_key, queue_size=queue_size, max_body=max_body, read_timeout=header_timeout
+            engine,
+            model_name,
+            api_key=api_key,
+            queue_size=queue_size,
+            max_body=max_body,
+            read_timeout=header_timeout,
+            body_timeout=body_timeout,
         )
         runs = app.state.runs
         refusals = connections.Refusals()

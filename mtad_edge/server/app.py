@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mtad_edge.engine import Engine, Response
 from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 from mtad_edge.server import protocol as P
-from mtad_edge.server.limits import MAX_HEADER_BYTES
+from mtad_edge.server.limits import BODY_TIMEOUT_S, MAX_HEADER_BYTES
 
 
 class Ticket:
@@ -103,12 +103,20 @@ class Runs:
 
 
 class Guard:
-    """API key and body size, checked before a route runs, and the body's size and pace while it
-    is read. A plain ASGI middleware (not BaseHTTPMiddleware), so routes see the connection's own
-    ``receive`` (wrapped by BodyLimit) and notice a client that disconnects."""
+    """API key, body size and framing, checked before a route runs, and the body's size and pace
+    while it is read. A plain ASGI middleware (not BaseHTTPMiddleware), so routes see the
+    connection's own ``receive`` (wrapped by BodyLimit) and notice a client that disconnects."""
 
-    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body: int, read_timeout: float = 10.0):
-        self.app, self.api_key, self.max_body, self.read_timeout = app, api_key, max_body, read_timeout
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: Optional[str],
+        max_body: int,
+        read_timeout: float = 10.0,
+        body_timeout: float = BODY_TIMEOUT_S,
+    ):
+        self.app, self.api_key, self.max_body = app, api_key, max_body
+        self.read_timeout, self.body_timeout = read_timeout, body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -126,26 +134,31 @@ class Guard:
             if error is not None:
                 await _error(error)(scope, receive, send)
                 return
-            receive = BodyLimit(receive, self.max_body, self.read_timeout)
+            receive = BodyLimit(receive, self.max_body, self.read_timeout, self.body_timeout)
         await self.app(scope, receive, send)
 
 
 class BodyLimit:
     """The connection's ``receive``, counting body bytes as they stream in: a body over
     ``max_body`` is cut there (413) whether or not it said its Content-Length (a chunked 1 GB body
-    was read whole before the 413), and a body that sends nothing for ``timeout`` seconds is a 408.
-    Once the body is complete, messages pass through untouched."""
+    was read whole before the 413), and a body that sends nothing for ``timeout`` seconds, or is
+    not whole ``total`` seconds after its head (a byte every few seconds held a connection for
+    ever), is a 408. Once the body is complete, messages pass through untouched."""
 
-    def __init__(self, receive: Receive, max_body: int, timeout: float):
-        self.receive, self.max_body, self.timeout = receive, max_body, timeout
+    def __init__(self, receive: Receive, max_body: int, timeout: float, total: float):
+        self.receive, self.max_body, self.timeout, self.total = receive, max_body, timeout, total
+        self.deadline = time.monotonic() + total
         self.size, self.done = 0, False
 
     async def __call__(self) -> Any:
         if self.done:
             return await self.receive()
+        left = self.deadline - time.monotonic()
         try:
-            message = await asyncio.wait_for(self.receive(), self.timeout)
+            message = await asyncio.wait_for(self.receive(), max(0.0, min(self.timeout, left)))
         except asyncio.TimeoutError:
+            if left <= self.timeout:
+                raise P.BadRequest(f"request body not received within {self.total:g} s", status=408) from None
             raise P.BadRequest(f"request body stalled: nothing for {self.timeout:g} s", status=408) from None
         if message["type"] == "http.request":
             self.size += len(message.get("body", b""))
@@ -179,11 +192,13 @@ def create_app(
     queue_size: int = 8,
     max_body: int = 1 << 20,
     read_timeout: float = 10.0,
+    body_timeout: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
-    """``read_timeout``: the longest a request's body may pause between two pieces (408 after)."""
+    """``read_timeout``: the longest a request's body may pause between two pieces;
+    ``body_timeout``: the longest it may take in all, from the end of its head (408 after either)."""
     app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None, openapi_url=None)
     runs = Runs(queue_size)
-    app.add_middleware(Guard, api_key=api_key, max_body=max_body, read_timeout=read_timeout)
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body, read_timeout=read_timeout, body_timeout=body_timeout)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404 / 405 as OpenAI errors
