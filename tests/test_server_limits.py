@@ -3,8 +3,8 @@ Bodies are cut at --max-body as they stream in, half-sent and idle connections a
 --header-timeout / --idle-timeout, connections over --max-connections are refused with a 503 and
 one log line, and malformed requests are 400s, never 500s with a traceback.
 
-Round two: a prompt that takes seconds to tokenize never holds up the server's other clients, and
-a body has --body-timeout to arrive whole."""
+Round two: a prompt that takes seconds to tokenize never holds up the server's other clients, a
+body has --body-timeout to arrive whole, and slow senders make room for new connections."""
 
 import contextlib
 import http.client
@@ -286,3 +286,21 @@ def test_a_trickled_body_is_a_408_at_the_body_timeout(server):
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert f"request body not received within {BODY_TIMEOUT} s".encode() in reply
     assert time.time() - started < BODY_TIMEOUT + 5
+
+
+def test_slow_senders_make_room_for_a_new_connection(server):
+    """CAP connections trickling their bodies held every place: every other client got a 503.
+    Now a new connection closes the one that has been sending its request the longest."""
+    socks, stop = [slow_post(server.port) for _ in range(CAP)], threading.Event()
+    trickle(socks, stop)
+    time.sleep(0.5)  # all CAP are open and sending
+    try:
+        status, body = server.get(timeout=10)
+        assert status == 200, body
+        replies = [read_response(s, timeout=BODY_TIMEOUT + 10) for s in socks]
+    finally:
+        stop.set()
+        for s in socks:
+            s.close()
+    assert replies[0].startswith(b"HTTP/1.1 503") and b"--max-connections" in replies[0], replies[0][:200]
+    assert all(r.startswith((b"HTTP/1.1 503", b"HTTP/1.1 408")) for r in replies), [r[:20] for r in replies]

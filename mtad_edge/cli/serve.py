@@ -74,7 +74,8 @@ from mtad_edge.signals import interrupts
     type=click.IntRange(min=1),
     default=MAX_CONNECTIONS,
     show_default=True,
-    help="Open connections at most; more are answered 503 and closed.",
+    help="Open connections at most; a new one closes the one that has waited longest for its request "
+    "to arrive (503), or is answered 503 when every other one has a request in progress.",
 )
 @click.option("--model-name", help="The model id clients see (default: the pair's name).")
 @errors_as_click
