@@ -4,7 +4,8 @@ Bodies are cut at --max-body as they stream in, half-sent and idle connections a
 one log line, and malformed requests are 400s, never 500s with a traceback.
 
 Round two: a prompt that takes seconds to tokenize never holds up the server's other clients, a
-body has --body-timeout to arrive whole, and slow senders make room for new connections."""
+body has --body-timeout to arrive whole, slow senders make room for new connections, and a
+request that is ambiguous about its body's length is refused."""
 
 import contextlib
 import http.client
@@ -304,3 +305,18 @@ def test_slow_senders_make_room_for_a_new_connection(server):
             s.close()
     assert replies[0].startswith(b"HTTP/1.1 503") and b"--max-connections" in replies[0], replies[0][:200]
     assert all(r.startswith((b"HTTP/1.1 503", b"HTTP/1.1 408")) for r in replies), [r[:20] for r in replies]
+
+
+# -- 12. a request both chunked and with a Content-Length is refused, and its connection closed --------
+def test_chunked_and_content_length_together_is_a_400_that_closes_the_connection(server):
+    """Chunked was honoured and the next pipelined request served on the same connection: request
+    smuggling behind a proxy that reads Content-Length (RFC 9112 6.1)."""
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) + smuggled)
+    reply = read_response(sock, timeout=10)
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 400") and reply.count(b"HTTP/1.1 ") == 1, reply
+    assert b"connection: close" in reply.lower() and b"Transfer-Encoding" in reply

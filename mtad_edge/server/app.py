@@ -127,6 +127,12 @@ class Guard:
             head += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
             if head > MAX_HEADER_BYTES:  # h11 bounds an incomplete head only: one that came whole is checked here
                 error = P.BadRequest(f"request headers over {MAX_HEADER_BYTES} bytes", status=431)
+            elif b"transfer-encoding" in headers and b"content-length" in headers:
+                # h11 reads such a body as chunked, and a proxy in front may read its Content-Length:
+                # whatever follows could be taken for another request (smuggling). RFC 9112 6.1: refuse, close.
+                error = P.BadRequest(
+                    "a request may not give both Transfer-Encoding and Content-Length (RFC 9112 6.1)", close=True
+                )
             elif self.api_key is not None and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
                 error = P.BadRequest("invalid or missing API key", status=401, kind="authentication_error")
             elif int(headers.get(b"content-length", b"0") or 0) > self.max_body:
@@ -395,5 +401,5 @@ def _sse(obj: dict) -> str:
 
 def _error(e: P.BadRequest) -> JSONResponse:
     # A body cut short (413) or stalled (408) leaves the rest unread: the connection is closed after.
-    close = {"connection": "close"} if e.status in (408, 413) else None
+    close = {"connection": "close"} if e.status in (408, 413) or e.close else None
     return JSONResponse(e.body(), status_code=e.status, headers=close)

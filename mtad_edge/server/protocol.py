@@ -14,7 +14,7 @@ from mtad_edge.runtime.errors import quoted
 
 
 class BadRequest(Exception):
-    """A 4xx with an OpenAI-style error body."""
+    """A 4xx with an OpenAI-style error body; ``close``: the connection is closed after it."""
 
     def __init__(
         self,
@@ -23,9 +23,11 @@ class BadRequest(Exception):
         status: int = 400,
         kind: str = "invalid_request_error",
         code: Optional[str] = None,
+        close: bool = False,
     ):
         super().__init__(message)
         self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
+        self.close = close
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
