@@ -5,7 +5,8 @@ one log line, and malformed requests are 400s, never 500s with a traceback.
 
 Round two: a prompt that takes seconds to tokenize never holds up the server's other clients, a
 body has --body-timeout to arrive whole, slow senders make room for new connections, and a
-request that is ambiguous about its body's length is refused."""
+request that is ambiguous about its body's length is refused, and every stream option and message
+field is read or refused."""
 
 import contextlib
 import http.client
@@ -320,3 +321,48 @@ def test_chunked_and_content_length_together_is_a_400_that_closes_the_connection
     sock.close()
     assert reply.startswith(b"HTTP/1.1 400") and reply.count(b"HTTP/1.1 ") == 1, reply
     assert b"connection: close" in reply.lower() and b"Transfer-Encoding" in reply
+
+
+# -- 13. stream_options and message fields are read or refused, never ignored ------------------------
+HI = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize(
+    "body,param,needle",
+    [
+        ({"messages": HI, "stream": True, "stream_options": {"bogus": 1}}, "stream_options", "'bogus'"),
+        ({"messages": HI, "stream_options": {"include_usage": True}}, "stream_options", "'stream': true"),
+        ({"messages": HI, "stream": False, "stream_options": {}}, "stream_options", "'stream': true"),
+        ({"messages": HI, "stream": True, "stream_options": {"include_usage": 1}}, "stream_options", "a boolean"),
+        ({"messages": HI, "stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options", "obfusc"),
+        ({"messages": [{"role": "user", "content": "Hi", "name": "bob"}]}, "messages[0].name", "'name'"),
+        ({"messages": [*HI, {"role": "assistant", "content": "", "tool_calls": [{}]}]}, "messages[1].tool_calls", ""),
+    ],
+)
+def test_stream_options_and_message_fields_are_read_or_refused(server, body, param, needle):
+    status, err = server.post(body)
+    assert status == 400 and err["error"]["param"] == param and needle in err["error"]["message"], err
+
+
+def sse(server, body, path="/v1/chat/completions") -> list:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    events = [line[6:] for line in resp.read().decode().splitlines() if line.startswith("data: ")]
+    conn.close()
+    assert resp.status == 200 and events[-1] == "[DONE]", events
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_include_usage_adds_a_last_chunk_with_the_usage(server):
+    for path, body in (("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {"prompt": "Hi"})):
+        given = {**body, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
+        *chunks, last = sse(server, given, path)
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0, last
+        assert all(c["usage"] is None and c["choices"] for c in chunks), chunks
+        null = {**body, "max_tokens": 4, "stream": True, "stream_options": None}
+        assert sse(server, null, path)[-1]["choices"]  # null is "not given": no usage chunk
+    # null is "not given" here too; no tool calls is what this server does
+    named = [{"role": "user", "content": "Hi", "name": None}, {"role": "assistant", "content": "Hi", "tool_calls": []}]
+    off = {"include_obfuscation": False}  # what this server does: accepted
+    assert sse(server, {"messages": named, "max_tokens": 2, "stream": True, "stream_options": off})

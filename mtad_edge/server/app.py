@@ -301,7 +301,7 @@ def create_app(
         problem = ready.exception()
         if problem is not None:
             return _refused(problem)
-        return GenerationStream(_events(queue, ready.result(), kind, rid), ticket)
+        return GenerationStream(_events(queue, ready.result(), kind, rid, req.include_usage), ticket)
 
     async def _complete(request: Request, ticket: Ticket, req: P.Parsed, kind: str, rid: str) -> Any:
         """Build and run to the end, unless the client goes away first: then cancel (the worker
@@ -340,23 +340,36 @@ def create_app(
             logprobs,
         )
 
-    async def _events(queue: asyncio.Queue, response: Response, kind: str, rid: str) -> AsyncIterator[str]:
+    async def _events(
+        queue: asyncio.Queue, response: Response, kind: str, rid: str, include_usage: bool
+    ) -> AsyncIterator[str]:
         created = int(time.time())
+
+        def event(text: Optional[str], reason: Optional[str], role: bool = False) -> dict:
+            obj = P.chunk(kind, rid, model_name, created, text, reason, role=role)
+            if include_usage:  # OpenAI: a null usage on every chunk but the last
+                obj["usage"] = None
+            return obj
+
         if kind == "chat":
-            yield _sse(P.chunk(kind, rid, model_name, created, None, None, role=True))
+            yield _sse(event(None, None, role=True))
         while True:
             what, value = await queue.get()
             if what == "text":
-                yield _sse(P.chunk(kind, rid, model_name, created, value, None))
+                yield _sse(event(value, None))
                 continue
             if what == "error":
                 yield _sse(P.BadRequest(value, kind="server_error").body())
             elif response.finish_reason == "cancelled":  # the server is stopping
                 yield _sse(P.BadRequest("the server is shutting down", kind="server_error").body())
             else:
-                last = P.chunk(kind, rid, model_name, created, None, P.finish_reason(response.finish_reason))
-                last["usage"] = P.usage(response.prompt_tokens, len(response.tokens))
-                yield _sse(last)
+                usage = P.usage(response.prompt_tokens, len(response.tokens))
+                last = event(None, P.finish_reason(response.finish_reason))
+                if include_usage:
+                    yield _sse(last)
+                    yield _sse(P.usage_chunk(kind, rid, model_name, created, usage))
+                else:
+                    yield _sse({**last, "usage": usage})  # not OpenAI's, kept for the clients that read it there
             break
         yield "data: [DONE]\n\n"
 
