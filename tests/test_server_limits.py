@@ -4,13 +4,14 @@ Bodies are cut at --max-body as they stream in, half-sent and idle connections a
 one log line, and malformed requests are 400s, never 500s with a traceback.
 
 Round two: a prompt that takes seconds to tokenize never holds up the server's other clients, a
-body has --body-timeout to arrive whole, slow senders make room for new connections, and a
-request that is ambiguous about its body's length is refused, and every stream option and message
-field is read or refused."""
+body has --body-timeout to arrive whole, slow senders make room for new connections, a request
+that is ambiguous about its body's length is refused, start-up refuses an API key that cannot
+work, and every stream option and message field is read or refused."""
 
 import contextlib
 import http.client
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -366,3 +367,50 @@ def test_include_usage_adds_a_last_chunk_with_the_usage(server):
     named = [{"role": "user", "content": "Hi", "name": None}, {"role": "assistant", "content": "Hi", "tool_calls": []}]
     off = {"include_obfuscation": False}  # what this server does: accepted
     assert sse(server, {"messages": named, "max_tokens": 2, "stream": True, "stream_options": off})
+
+
+# -- 10. start-up: an API key that cannot work is refused ---------------------------------------------
+def serve_start(*args: str) -> tuple:
+    """`mtad-edge serve ARGS --port 0`: its exit status and stderr when it exits, or None and its
+    stderr up to the line that says it serves (then it is stopped, once it answers: a SIGTERM
+    before uvicorn's handlers are installed is only recorded)."""
+    proc = subprocess.Popen([EXE, "serve", "--port", "0", "--threads", "2", *args], stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, proc.kill)  # a load that hangs ends the reads below
+    watchdog.start()
+    said = ""
+    try:
+        while line := proc.stderr.readline():
+            said += line
+            if found := re.search(r"serving .* on http://[^:]+:(\d+)/v1 ", line):
+                port = int(found.group(1))
+                status = None
+                while status is None and proc.poll() is None:
+                    with contextlib.suppress(OSError):
+                        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                        conn.request("GET", "/v1/models")
+                        status = conn.getresponse().status
+                    time.sleep(0.1)
+                proc.terminate()
+                break
+        proc.wait(timeout=30)
+    finally:
+        watchdog.cancel()
+    return (None if "serving" in said else proc.returncode), said
+
+
+@pytest.mark.parametrize(
+    "key,needle",
+    [
+        ("", "empty"),
+        (" key", "space"),
+        ("key\t", "space"),
+        ("k\u00e9y", "printable ASCII"),
+        ("k\x01y", "printable ASCII"),
+    ],
+)
+def test_an_api_key_that_cannot_work_is_refused_at_start(smol_files, key, needle):
+    """`--api-key ''` started, and then every request was a 401: the HTTP parser strips the space
+    that ends 'Bearer '."""
+    code, said = serve_start("--api-key", key)
+    assert code == 1 and said.count("\n") == 1 and said.startswith("Error: --api-key"), said
+    assert needle in said and "Traceback" not in said

@@ -16,6 +16,7 @@ from mtad_edge.cli.options import (
     missing_extra,
     model_options,
 )
+from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server.limits import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
@@ -24,6 +25,24 @@ from mtad_edge.server.limits import (
     MAX_HEADER_BYTES,
 )
 from mtad_edge.signals import interrupts
+
+
+def check_api_key(key: Optional[str]) -> None:
+    """A key that no request can match is refused at start (every request was a 401): an empty one
+    ('Bearer ' loses its space in the HTTP parser), one that starts or ends with whitespace (HTTP
+    strips it from a header), one with characters a header cannot carry. The key is never shown."""
+    if key is None:
+        return
+    where = "--api-key (or MTAD_EDGE_API_KEY)"
+    if not key:
+        raise MtadEdgeError(f"{where} is empty: no request could match it; give a key, or leave the option out")
+    if key != key.strip():
+        raise MtadEdgeError(f"{where} starts or ends with a space or other whitespace, which HTTP drops from a header")
+    bad = next((i for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise MtadEdgeError(
+            f"{where} has a character an HTTP header cannot carry (character {bad + 1}): use printable ASCII"
+        )
 
 
 @click.command()
@@ -95,6 +114,8 @@ def serve(
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models (streaming and not)."""
     import asyncio
+
+    check_api_key(api_key)
 
     try:
         import uvicorn
