@@ -6,7 +6,8 @@ one log line, and malformed requests are 400s, never 500s with a traceback.
 Round two: a prompt that takes seconds to tokenize never holds up the server's other clients, a
 body has --body-timeout to arrive whole, slow senders make room for new connections, a request
 that is ambiguous about its body's length is refused, start-up refuses an API key that cannot
-work, and every stream option and message field is read or refused."""
+work and warns about a server open to the network without one, and every stream option and
+message field is read or refused."""
 
 import contextlib
 import http.client
@@ -369,7 +370,7 @@ def test_include_usage_adds_a_last_chunk_with_the_usage(server):
     assert sse(server, {"messages": named, "max_tokens": 2, "stream": True, "stream_options": off})
 
 
-# -- 10. start-up: an API key that cannot work is refused ---------------------------------------------
+# -- 10, 11. start-up: an API key that cannot work is refused; an open server without one is warned of --
 def serve_start(*args: str) -> tuple:
     """`mtad-edge serve ARGS --port 0`: its exit status and stderr when it exits, or None and its
     stderr up to the line that says it serves (then it is stopped, once it answers: a SIGTERM
@@ -414,3 +415,11 @@ def test_an_api_key_that_cannot_work_is_refused_at_start(smol_files, key, needle
     code, said = serve_start("--api-key", key)
     assert code == 1 and said.count("\n") == 1 and said.startswith("Error: --api-key"), said
     assert needle in said and "Traceback" not in said
+
+
+def test_a_server_open_to_the_network_without_an_api_key_warns_at_start(smol_files, server):
+    code, said = serve_start("--host", "0.0.0.0")
+    assert code is None and said.startswith("warning: ") and "--api-key" in said.splitlines()[0], said
+    code, said = serve_start("--host", "0.0.0.0", "--api-key", "k")
+    assert code is None and "warning" not in said, said
+    assert "warning" not in server.stderr()  # loopback: no warning

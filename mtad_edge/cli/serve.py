@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 from types import FrameType
 from typing import Any, Optional
 
@@ -130,6 +131,13 @@ def serve(
     with contextlib.ExitStack() as stack:  # the engine closes first, then the socket
         sock = stack.enter_context(connections.listening_socket(host, port))
         port = sock.getsockname()[1]  # --port 0: the one the system chose
+        # The address bound, not --host: a name may resolve to loopback, and 0.0.0.0 / :: are every interface.
+        if api_key is None and not ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_loopback:
+            click.echo(
+                f"warning: serving on {host} without --api-key: anyone who can reach port {port} can use the model "
+                "(give --api-key KEY, or set MTAD_EDGE_API_KEY)",
+                err=True,
+            )
         interrupts.hold()  # a signal during the load ends the command once it is loaded
         engine = stack.enter_context(model.engine(cfg))
         if interrupts.code:
