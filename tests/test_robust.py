@@ -6,6 +6,7 @@ test_signals.py.)"""
 from __future__ import annotations
 
 import codecs
+import gc
 import json
 import socket
 import threading
@@ -154,6 +155,25 @@ def test_a_request_is_tokenized_in_its_place_off_the_loop_and_cancelled_there(st
         target.release.set()
         waiting.join(30)
         assert results[0][0] == 503, results
+    finally:
+        target.release.set()
+        s.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_while_its_refused_prompt_was_tokenized_leaves_no_trace(stream, caplog):
+    target = SlowTokenizer(salt=1, n_seq_max=5, n_ctx=64)
+    s = Served(engine_over(target))
+    try:
+        sock = s.abandon_later({**SHORT, "prompt": "slow" + "a" * 100, "stream": stream})  # too long for 64
+        assert target.tokenizing.wait(10)
+        sock.close()
+        wait_until(lambda: all(t.cancelled for t in s.runs.active))
+        target.release.set()
+        wait_until(lambda: not s.runs.active)
+        assert s.post(SHORT)[0] == 200
+        gc.collect()  # an exception no one retrieved is logged when its future is collected
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     finally:
         target.release.set()
         s.close()

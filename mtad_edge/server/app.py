@@ -295,8 +295,9 @@ def create_app(
         finally:
             if not ready.done():
                 ticket.cancel()  # the client left while it was built, or this task was cancelled (shutdown)
+                ready.cancel()  # what the build ends with is nobody's (nor logged as never retrieved)
             gone.cancel()
-        if not ready.done():
+        if ready.cancelled():
             return HttpResponse(status_code=499)  # nobody reads it
         problem = ready.exception()
         if problem is not None:
