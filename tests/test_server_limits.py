@@ -396,6 +396,9 @@ def serve_start(*args: str) -> tuple:
         proc.wait(timeout=30)
     finally:
         watchdog.cancel()
+        if proc.poll() is None:  # a failed check leaves no server behind
+            proc.kill()
+            proc.wait()
     return (None if "serving" in said else proc.returncode), said
 
 
