@@ -6,6 +6,7 @@ test_signals.py.)"""
 from __future__ import annotations
 
 import codecs
+import gc
 import json
 import socket
 import threading
@@ -48,10 +49,15 @@ def statuses(served: Served, n: int, body) -> list[int]:
     return sorted(out)
 
 
+def held(served: Served) -> list:
+    """The responses of the requests the server holds (a place is taken before its response is built)."""
+    return [t.response for t in list(served.runs.active) if t.response is not None]
+
+
 def track_cancels(served: Served) -> dict:
     """For each response the server holds now: how many tokens it had when it was cancelled."""
     at_cancel: dict = {}
-    for r in list(served.runs.active):
+    for r in held(served):
         real = r.cancel
 
         def cancel(r=r, real=real):
@@ -64,15 +70,15 @@ def track_cancels(served: Served) -> dict:
 
 def test_abandoned_non_stream_requests_are_cancelled_and_free_their_places(served):
     socks = [served.abandon_later(LONG) for _ in range(3)]  # 1 running + 2 waiting: the server is full
-    wait_until(lambda: len(served.runs.active) == 3)
-    held = list(served.runs.active)
+    wait_until(lambda: len(held(served)) == 3)
+    responses = held(served)
     at_cancel = track_cancels(served)
     assert served.post(SHORT)[0] == 429
     for s in socks:
         s.close()  # the clients time out and go away
     wait_until(lambda: not served.runs.active)
-    assert all(r.finish_reason == "cancelled" for r in held)
-    for r in held:  # stopped within one decoding step of the cancel (gamma 4: at most 5 tokens a step)
+    assert all(r.finish_reason == "cancelled" for r in responses)
+    for r in responses:  # stopped within one decoding step of the cancel (gamma 4: at most 5 tokens a step)
         assert len(r.tokens) - at_cancel[r] <= 5
     assert statuses(served, 3, SHORT) == [200, 200, 200]
 
@@ -89,8 +95,8 @@ def test_a_client_gone_before_its_body_arrived_leaves_no_trace(served, caplog):
 def test_abandoned_stream_is_cancelled_too(served):
     sock = served.abandon_later({**LONG, "stream": True})
     assert sock.recv(100).startswith(b"HTTP/1.1 200")
-    wait_until(lambda: len(served.runs.active) == 1)
-    (r,) = served.runs.active
+    wait_until(lambda: len(held(served)) == 1)
+    (r,) = held(served)
     sock.close()
     wait_until(lambda: not served.runs.active)
     assert r.finish_reason == "cancelled"
@@ -108,6 +114,69 @@ def test_stop_all_ends_running_and_waiting_requests_at_once(served):
     assert [s for s, _ in results] == [503, 503, 503]
     assert results[0][1]["error"]["message"] == "the server is shutting down"
     assert served.post(SHORT)[0] == 503
+
+
+class SlowTokenizer(SlowLM):
+    """Tokenizing a prompt that starts with 'slow' lasts until ``release`` is set (a huge prompt
+    takes llama.cpp seconds)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.tokenizing, self.release = threading.Event(), threading.Event()
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        if text.startswith("slow"):
+            self.tokenizing.set()
+            self.release.wait(30)
+        return super().tokenize(text, add_special)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_is_tokenized_in_its_place_off_the_loop_and_cancelled_there(stream):
+    """Tokenizing ran on the event loop before admission: every other client waited for it."""
+    target = SlowTokenizer(salt=1, n_seq_max=5, n_ctx=4096)
+    s = Served(engine_over(target))
+    try:
+        sock = s.abandon_later({**LONG, "prompt": "slow abc", "stream": stream})
+        assert target.tokenizing.wait(10)
+        assert s.get("/v1/models")[0] == 200  # the loop answers while it tokenizes
+        (ticket,) = s.runs.active  # its place is taken
+        sock.close()  # the client leaves while its prompt is tokenized
+        wait_until(lambda: ticket.cancelled)
+        target.release.set()
+        wait_until(lambda: not s.runs.active)  # built, cancelled at once: it never ran
+        assert ticket.response.finish_reason == "cancelled" and ticket.response.tokens == []
+        results: list = []
+        waiting = threading.Thread(target=lambda: results.append(s.post({**LONG, "prompt": "slow abc"})))
+        target.release.clear()
+        waiting.start()
+        wait_until(lambda: len(s.runs.active) == 1)
+        s.runs.stop_all()  # SIGTERM while a prompt is tokenized
+        target.release.set()
+        waiting.join(30)
+        assert results[0][0] == 503, results
+    finally:
+        target.release.set()
+        s.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_while_its_refused_prompt_was_tokenized_leaves_no_trace(stream, caplog):
+    target = SlowTokenizer(salt=1, n_seq_max=5, n_ctx=64)
+    s = Served(engine_over(target))
+    try:
+        sock = s.abandon_later({**SHORT, "prompt": "slow" + "a" * 100, "stream": stream})  # too long for 64
+        assert target.tokenizing.wait(10)
+        sock.close()
+        wait_until(lambda: all(t.cancelled for t in s.runs.active))
+        target.release.set()
+        wait_until(lambda: not s.runs.active)
+        assert s.post(SHORT)[0] == 200
+        gc.collect()  # an exception no one retrieved is logged when its future is collected
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    finally:
+        target.release.set()
+        s.close()
 
 
 def test_max_tokens_is_capped_by_the_context():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 from types import FrameType
 from typing import Any, Optional
 
@@ -16,8 +17,33 @@ from mtad_edge.cli.options import (
     missing_extra,
     model_options,
 )
-from mtad_edge.server.limits import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_HEADER_BYTES
+from mtad_edge.runtime.errors import MtadEdgeError
+from mtad_edge.server.limits import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    MAX_HEADER_BYTES,
+)
 from mtad_edge.signals import interrupts
+
+
+def check_api_key(key: Optional[str]) -> None:
+    """A key that no request can match is refused at start (every request was a 401): an empty one
+    ('Bearer ' loses its space in the HTTP parser), one that starts or ends with whitespace (HTTP
+    strips it from a header), one with characters a header cannot carry. The key is never shown."""
+    if key is None:
+        return
+    where = "--api-key (or MTAD_EDGE_API_KEY)"
+    if not key:
+        raise MtadEdgeError(f"{where} is empty: no request could match it; give a key, or leave the option out")
+    if key != key.strip():
+        raise MtadEdgeError(f"{where} starts or ends with a space or other whitespace, which HTTP drops from a header")
+    bad = next((i for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise MtadEdgeError(
+            f"{where} has a character an HTTP header cannot carry (character {bad + 1}): use printable ASCII"
+        )
 
 
 @click.command()
@@ -50,6 +76,13 @@ from mtad_edge.signals import interrupts
     help="Seconds a client has to send a request's headers, and at most between two pieces of its body (408).",
 )
 @click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0.1),
+    default=BODY_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a client has to send a request's whole body, once its headers are in (408).",
+)
+@click.option(
     "--idle-timeout",
     type=click.IntRange(min=1),
     default=IDLE_TIMEOUT_S,
@@ -61,7 +94,8 @@ from mtad_edge.signals import interrupts
     type=click.IntRange(min=1),
     default=MAX_CONNECTIONS,
     show_default=True,
-    help="Open connections at most; more are answered 503 and closed.",
+    help="Open connections at most; a new one closes the one that has waited longest for its request "
+    "to arrive (503), or is answered 503 when every other one has a request in progress.",
 )
 @click.option("--model-name", help="The model id clients see (default: the pair's name).")
 @errors_as_click
@@ -73,6 +107,7 @@ def serve(
     queue_size: int,
     max_body: int,
     header_timeout: float,
+    body_timeout: float,
     idle_timeout: int,
     max_connections: int,
     model_name: Optional[str],
@@ -80,6 +115,8 @@ def serve(
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models (streaming and not)."""
     import asyncio
+
+    check_api_key(api_key)
 
     try:
         import uvicorn
@@ -94,13 +131,26 @@ def serve(
     with contextlib.ExitStack() as stack:  # the engine closes first, then the socket
         sock = stack.enter_context(connections.listening_socket(host, port))
         port = sock.getsockname()[1]  # --port 0: the one the system chose
+        # The address bound, not --host: a name may resolve to loopback, and 0.0.0.0 / :: are every interface.
+        if api_key is None and not ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_loopback:
+            click.echo(
+                f"warning: serving on {host} without --api-key: anyone who can reach port {port} can use the model "
+                "(give --api-key KEY, or set MTAD_EDGE_API_KEY)",
+                err=True,
+            )
         interrupts.hold()  # a signal during the load ends the command once it is loaded
         engine = stack.enter_context(model.engine(cfg))
         if interrupts.code:
             return
         model_name = model_name or model.label
         app = create_app(
-            engine, model_name, api_key=api_key, queue_size=queue_size, max_body=max_body, read_timeout=header_timeout
+            engine,
+            model_name,
+            api_key=api_key,
+            queue_size=queue_size,
+            max_body=max_body,
+            read_timeout=header_timeout,
+            body_timeout=body_timeout,
         )
         runs = app.state.runs
         refusals = connections.Refusals()

@@ -1,9 +1,11 @@
 """An OpenAI-compatible HTTP server over one Engine (FastAPI + uvicorn).
 
 Requests run one at a time (the engine's lock); up to ``queue_size`` more wait, the rest get a
-429. Whatever ends a request early stops its generation at the next decoding step, and a waiting
-one leaves the queue at once: a client that goes away (streaming or not), or the server stopping
-(``app.state.runs.stop_all()``, called by `mtad-edge serve` on SIGINT/SIGTERM).
+429. A request's place is taken before its prompt is rendered and tokenized, which happens in its
+worker thread (seconds for a large prompt), never on the event loop. Whatever ends a request
+early stops its generation at the next decoding step, and a waiting one leaves the queue at once:
+a client that goes away (streaming or not), or the server stopping (``app.state.runs.stop_all()``,
+called by `mtad-edge serve` on SIGINT/SIGTERM).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -27,45 +29,73 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mtad_edge.engine import Engine, Response
 from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 from mtad_edge.server import protocol as P
-from mtad_edge.server.limits import MAX_HEADER_BYTES
+from mtad_edge.server.limits import BODY_TIMEOUT_S, MAX_HEADER_BYTES
+
+
+class Ticket:
+    """A place in the queue, taken before its Response exists: building one renders the chat
+    template and tokenizes the prompt (seconds for a large one), which runs in the worker after
+    admission, never on the server's loop. A cancel that comes first (the client gone, the server
+    stopping) cancels the response as soon as it is attached."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.response: Optional[Response] = None
+
+    def attach(self, response: Response) -> None:
+        self.response = response
+        if self.cancelled:  # read after the store, as cancel reads after its own: one of the two sees the other
+            response.cancel()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        response = self.response
+        if response is not None:
+            response.cancel()
 
 
 class Runs:
     """The generations the server holds: one running and up to ``queue_size`` waiting, each in a
-    worker thread. ``stop_all`` may be called from a signal handler: it only sets flags and
-    events (set.add/discard and list(set) are atomic under the GIL, so no lock is needed)."""
+    worker thread from its admission on. ``stop_all`` may be called from a signal handler: it only
+    sets flags and events (set.add/discard and list(set) are atomic under the GIL, so no lock is
+    needed)."""
 
     def __init__(self, queue_size: int):
         self.capacity = queue_size + 1
-        self.active: set[Response] = set()
+        self.active: set[Ticket] = set()
         self.closing = False
         self.pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="mtad-gen")
 
-    def admit(self, response: Response) -> Optional[P.BadRequest]:
-        """Take a place for ``response``, or the error to answer instead."""
+    def admit(self) -> Ticket:
+        """A place for a new request, or BadRequest (503 stopping, 429 full)."""
         if self.closing:
-            return P.BadRequest("the server is shutting down", status=503, kind="server_error")
+            raise P.BadRequest("the server is shutting down", status=503, kind="server_error")
         if len(self.active) >= self.capacity:
-            return P.BadRequest(
+            raise P.BadRequest(
                 f"server busy: {self.capacity - 1} requests already waiting; retry later",
                 status=429,
                 kind="rate_limit_error",
             )
-        self.active.add(response)
-        return None
+        ticket = Ticket()
+        self.active.add(ticket)
+        if self.closing:  # stop_all ran (a signal) between the check and the add
+            ticket.cancel()
+        return ticket
 
-    def run(self, response: Response, work: Callable[[], Any]) -> Any:
-        """``work`` (iterating ``response``) in this worker thread; the place is freed after it."""
+    def run(self, ticket: Ticket, work: Callable[[], Any]) -> Any:
+        """``work`` (building and iterating the ticket's response) in this worker thread; the
+        place is freed after it."""
         try:
             return work()
         finally:
-            self.active.discard(response)
+            self.active.discard(ticket)
 
     def stop_all(self) -> None:
-        """Refuse new requests and cancel every generation (each ends at its next step)."""
+        """Refuse new requests and cancel every generation (each ends at its next step, one
+        still being built as soon as it exists)."""
         self.closing = True
-        for r in list(self.active):
-            r.cancel()
+        for t in list(self.active):
+            t.cancel()
 
     def close(self) -> None:
         self.stop_all()
@@ -73,12 +103,20 @@ class Runs:
 
 
 class Guard:
-    """API key and body size, checked before a route runs, and the body's size and pace while it
-    is read. A plain ASGI middleware (not BaseHTTPMiddleware), so routes see the connection's own
-    ``receive`` (wrapped by BodyLimit) and notice a client that disconnects."""
+    """API key, body size and framing, checked before a route runs, and the body's size and pace
+    while it is read. A plain ASGI middleware (not BaseHTTPMiddleware), so routes see the
+    connection's own ``receive`` (wrapped by BodyLimit) and notice a client that disconnects."""
 
-    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body: int, read_timeout: float = 10.0):
-        self.app, self.api_key, self.max_body, self.read_timeout = app, api_key, max_body, read_timeout
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: Optional[str],
+        max_body: int,
+        read_timeout: float = 10.0,
+        body_timeout: float = BODY_TIMEOUT_S,
+    ):
+        self.app, self.api_key, self.max_body = app, api_key, max_body
+        self.read_timeout, self.body_timeout = read_timeout, body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -89,6 +127,12 @@ class Guard:
             head += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
             if head > MAX_HEADER_BYTES:  # h11 bounds an incomplete head only: one that came whole is checked here
                 error = P.BadRequest(f"request headers over {MAX_HEADER_BYTES} bytes", status=431)
+            elif b"transfer-encoding" in headers and b"content-length" in headers:
+                # h11 reads such a body as chunked, and a proxy in front may read its Content-Length:
+                # whatever follows could be taken for another request (smuggling). RFC 9112 6.1: refuse, close.
+                error = P.BadRequest(
+                    "a request may not give both Transfer-Encoding and Content-Length (RFC 9112 6.1)", close=True
+                )
             elif self.api_key is not None and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
                 error = P.BadRequest("invalid or missing API key", status=401, kind="authentication_error")
             elif int(headers.get(b"content-length", b"0") or 0) > self.max_body:
@@ -96,26 +140,31 @@ class Guard:
             if error is not None:
                 await _error(error)(scope, receive, send)
                 return
-            receive = BodyLimit(receive, self.max_body, self.read_timeout)
+            receive = BodyLimit(receive, self.max_body, self.read_timeout, self.body_timeout)
         await self.app(scope, receive, send)
 
 
 class BodyLimit:
     """The connection's ``receive``, counting body bytes as they stream in: a body over
     ``max_body`` is cut there (413) whether or not it said its Content-Length (a chunked 1 GB body
-    was read whole before the 413), and a body that sends nothing for ``timeout`` seconds is a 408.
-    Once the body is complete, messages pass through untouched."""
+    was read whole before the 413), and a body that sends nothing for ``timeout`` seconds, or is
+    not whole ``total`` seconds after its head (a byte every few seconds held a connection for
+    ever), is a 408. Once the body is complete, messages pass through untouched."""
 
-    def __init__(self, receive: Receive, max_body: int, timeout: float):
-        self.receive, self.max_body, self.timeout = receive, max_body, timeout
+    def __init__(self, receive: Receive, max_body: int, timeout: float, total: float):
+        self.receive, self.max_body, self.timeout, self.total = receive, max_body, timeout, total
+        self.deadline = time.monotonic() + total
         self.size, self.done = 0, False
 
     async def __call__(self) -> Any:
         if self.done:
             return await self.receive()
+        left = self.deadline - time.monotonic()
         try:
-            message = await asyncio.wait_for(self.receive(), self.timeout)
+            message = await asyncio.wait_for(self.receive(), max(0.0, min(self.timeout, left)))
         except asyncio.TimeoutError:
+            if left <= self.timeout:
+                raise P.BadRequest(f"request body not received within {self.total:g} s", status=408) from None
             raise P.BadRequest(f"request body stalled: nothing for {self.timeout:g} s", status=408) from None
         if message["type"] == "http.request":
             self.size += len(message.get("body", b""))
@@ -131,9 +180,9 @@ class GenerationStream(StreamingResponse):
     """SSE events of one generation. However the response ends (finished, the client gone, the
     server stopping, even before its first byte), the generation is cancelled."""
 
-    def __init__(self, events: AsyncIterator[str], response: Response):
+    def __init__(self, events: AsyncIterator[str], ticket: Ticket):
         super().__init__(events, media_type="text/event-stream")
-        self.generation = response
+        self.generation = ticket
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -149,11 +198,13 @@ def create_app(
     queue_size: int = 8,
     max_body: int = 1 << 20,
     read_timeout: float = 10.0,
+    body_timeout: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
-    """``read_timeout``: the longest a request's body may pause between two pieces (408 after)."""
+    """``read_timeout``: the longest a request's body may pause between two pieces;
+    ``body_timeout``: the longest it may take in all, from the end of its head (408 after either)."""
     app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None, openapi_url=None)
     runs = Runs(queue_size)
-    app.add_middleware(Guard, api_key=api_key, max_body=max_body, read_timeout=read_timeout)
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body, read_timeout=read_timeout, body_timeout=body_timeout)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404 / 405 as OpenAI errors
@@ -180,28 +231,47 @@ def create_app(
     async def _serve(request: Request, kind: str) -> Any:
         try:
             req = P.parse(await _json_body(request, max_body), kind, model_name)
-            extra = dict(stop=req.stop, logprobs=req.logprobs, **req.options)
-            if req.messages is not None:
-                response = engine.chat(req.messages, **extra)
-            else:
-                response = engine.generate(req.prompt or "", **extra)
+            ticket = runs.admit()
         except P.BadRequest as e:
             return _error(e)
-        except (ValueError, MtadEdgeError) as e:
-            return _error(P.BadRequest(str(e), getattr(e, "param", None)))
         except ClientDisconnect:  # gone before its body arrived
             return HttpResponse(status_code=499)
-        refused = runs.admit(response)
-        if refused is not None:
-            return _error(refused)
         rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
         if req.stream:
-            return GenerationStream(_stream(response, kind, rid), response)
-        return await _complete(request, response, kind, rid)
+            return await _stream(request, ticket, req, kind, rid)
+        return await _complete(request, ticket, req, kind, rid)
 
-    def _stream(response: Response, kind: str, rid: str) -> AsyncIterator[str]:
-        """Start the generation now (its place is freed when the worker ends, even if the
-        events are never sent) and return its SSE events."""
+    def _build(req: P.Parsed) -> Response:
+        """The request's Response (renders the chat template, tokenizes the prompt: in a worker)."""
+        extra = dict(stop=req.stop, logprobs=req.logprobs, **req.options)
+        if req.messages is not None:
+            return engine.chat(req.messages, **extra)
+        return engine.generate(req.prompt or "", **extra)
+
+    def _start(ticket: Ticket, req: P.Parsed, then: Callable[[Response], Any]) -> tuple[Future, asyncio.Future]:
+        """In a worker: build the response, then ``then(response)``. ``built`` holds the response,
+        or the error that refused the request (then nothing runs); the place is freed when the
+        worker ends."""
+        built: Future = Future()
+
+        def job() -> Any:
+            if not built.set_running_or_notify_cancel():  # the handler was cancelled before this began
+                return None
+            try:
+                response = _build(req)
+            except Exception as e:  # answered by the handler: a 400 naming the parameter, as before
+                built.set_exception(e)
+                return None
+            ticket.attach(response)
+            built.set_result(response)
+            return then(response)
+
+        return built, asyncio.get_running_loop().run_in_executor(runs.pool, runs.run, ticket, job)
+
+    async def _stream(request: Request, ticket: Ticket, req: P.Parsed, kind: str, rid: str) -> Any:
+        """Build the response in a worker, then run it there (its place is freed when the worker
+        ends, even if the events are never sent). The stream's headers go out only once it is
+        built, so a refused request is still a 4xx."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -209,7 +279,7 @@ def create_app(
             with contextlib.suppress(RuntimeError):  # the loop is closed: the server has gone
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        def produce() -> None:
+        def produce(response: Response) -> None:
             try:
                 for piece in response:
                     put(("text", piece))
@@ -217,19 +287,33 @@ def create_app(
             except Exception as e:  # reported to the client as a final error event
                 put(("error", str(e)))
 
-        runs.pool.submit(runs.run, response, produce)
-        return _events(queue, response, kind, rid)
+        built, _ = _start(ticket, req, produce)
+        ready = asyncio.wrap_future(built)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({ready, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not ready.done():
+                ticket.cancel()  # the client left while it was built, or this task was cancelled (shutdown)
+                ready.cancel()  # what the build ends with is nobody's (nor logged as never retrieved)
+            gone.cancel()
+        if ready.cancelled():
+            return HttpResponse(status_code=499)  # nobody reads it
+        problem = ready.exception()
+        if problem is not None:
+            return _refused(problem)
+        return GenerationStream(_events(queue, ready.result(), kind, rid, req.include_usage), ticket)
 
-    async def _complete(request: Request, response: Response, kind: str, rid: str) -> Any:
-        """Run to the end, unless the client goes away first: then cancel (the worker stops at
-        the next step, or leaves the queue) and answer no one."""
-        work = asyncio.get_running_loop().run_in_executor(runs.pool, runs.run, response, response.text)
+    async def _complete(request: Request, ticket: Ticket, req: P.Parsed, kind: str, rid: str) -> Any:
+        """Build and run to the end, unless the client goes away first: then cancel (the worker
+        stops at the next step, or leaves the queue) and answer no one."""
+        built, work = _start(ticket, req, lambda response: response.text())
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not work.done():
-                response.cancel()  # the client left, or this task was cancelled (shutdown)
+                ticket.cancel()  # the client left, or this task was cancelled (shutdown)
             left = gone.done()
             gone.cancel()
         try:
@@ -238,6 +322,10 @@ def create_app(
             return _error(P.BadRequest(str(e), status=500, kind="server_error"))
         if left:
             return HttpResponse(status_code=499)  # nobody reads it
+        problem = built.exception()
+        if problem is not None:
+            return _refused(problem)
+        response = built.result()
         if response.finish_reason == "cancelled":
             return _error(P.BadRequest("the server is shutting down", status=503, kind="server_error"))
         logprobs = P.logprobs_object(kind, response.logprobs, text) if response.logprobs is not None else None
@@ -253,23 +341,36 @@ def create_app(
             logprobs,
         )
 
-    async def _events(queue: asyncio.Queue, response: Response, kind: str, rid: str) -> AsyncIterator[str]:
+    async def _events(
+        queue: asyncio.Queue, response: Response, kind: str, rid: str, include_usage: bool
+    ) -> AsyncIterator[str]:
         created = int(time.time())
+
+        def event(text: Optional[str], reason: Optional[str], role: bool = False) -> dict:
+            obj = P.chunk(kind, rid, model_name, created, text, reason, role=role)
+            if include_usage:  # OpenAI: a null usage on every chunk but the last
+                obj["usage"] = None
+            return obj
+
         if kind == "chat":
-            yield _sse(P.chunk(kind, rid, model_name, created, None, None, role=True))
+            yield _sse(event(None, None, role=True))
         while True:
             what, value = await queue.get()
             if what == "text":
-                yield _sse(P.chunk(kind, rid, model_name, created, value, None))
+                yield _sse(event(value, None))
                 continue
             if what == "error":
                 yield _sse(P.BadRequest(value, kind="server_error").body())
             elif response.finish_reason == "cancelled":  # the server is stopping
                 yield _sse(P.BadRequest("the server is shutting down", kind="server_error").body())
             else:
-                last = P.chunk(kind, rid, model_name, created, None, P.finish_reason(response.finish_reason))
-                last["usage"] = P.usage(response.prompt_tokens, len(response.tokens))
-                yield _sse(last)
+                usage = P.usage(response.prompt_tokens, len(response.tokens))
+                last = event(None, P.finish_reason(response.finish_reason))
+                if include_usage:
+                    yield _sse(last)
+                    yield _sse(P.usage_chunk(kind, rid, model_name, created, usage))
+                else:
+                    yield _sse({**last, "usage": usage})  # not OpenAI's, kept for the clients that read it there
             break
         yield "data: [DONE]\n\n"
 
@@ -300,11 +401,19 @@ async def _json_body(request: Request, max_body: int) -> dict:
     return body
 
 
+def _refused(e: BaseException) -> JSONResponse:
+    """What building a response raised: a bad option or a prompt too long is a 400 naming the
+    parameter; anything else is a bug, raised for the server's 500."""
+    if isinstance(e, (ValueError, MtadEdgeError)):
+        return _error(P.BadRequest(str(e), getattr(e, "param", None)))
+    raise e
+
+
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
 def _error(e: P.BadRequest) -> JSONResponse:
     # A body cut short (413) or stalled (408) leaves the rest unread: the connection is closed after.
-    close = {"connection": "close"} if e.status in (408, 413) else None
+    close = {"connection": "close"} if e.status in (408, 413) or e.close else None
     return JSONResponse(e.body(), status_code=e.status, headers=close)

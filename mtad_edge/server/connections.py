@@ -5,8 +5,14 @@ uvicorn closes a keep-alive connection that sends nothing (``timeout_keep_alive`
 forever for the rest of a half-sent request head, and accepts every connection: 1,100 idle
 half-sent requests exhausted the file descriptors, a normal request timed out, and asyncio logged
 a traceback per refused accept (50 MB of log). Here a connection has ``header_timeout`` seconds to
-send each request's head (then a 408, or a plain close when it sent nothing), and a connection
-over ``max_connections`` is answered 503 and closed at once.
+send each request's head (then a 408, or a plain close when it sent nothing; the body has its own
+deadline, app.BodyLimit), and a connection over ``max_connections`` closes the one that has waited
+longest for its request to arrive whole (a 503): slow senders, which a few clients can keep open
+for the whole of their deadlines, cannot lock out everyone else. Only when every other connection
+has a whole request in progress is the new one answered 503 and closed at once.
+
+Not a cap per client address: every local client, and every client behind a reverse proxy, comes
+from the same address.
 """
 
 from __future__ import annotations
@@ -27,16 +33,16 @@ log = logging.getLogger("uvicorn.error")
 
 
 class Refusals:
-    """Counts refused connections; logs one line for the first and then one per LOG_EVERY_S."""
+    """Counts refused (or closed) connections; logs one line for the first and then one per LOG_EVERY_S."""
 
-    def __init__(self) -> None:
-        self.count, self.last = 0, -LOG_EVERY_S
+    def __init__(self, done: str = "refused") -> None:
+        self.done, self.count, self.last = done, 0, -LOG_EVERY_S
 
     def note(self, why: str) -> None:
         self.count += 1
         now = time.monotonic()
         if now - self.last >= LOG_EVERY_S:
-            log.warning("refused %d connection(s): %s", self.count, why)
+            log.warning("%s %d connection(s): %s", self.done, self.count, why)
             self.count, self.last = 0, now
 
 
@@ -52,8 +58,14 @@ def _response(status: str, message: str) -> bytes:
 def limited_protocol(header_timeout: float, max_connections: int, refusals: Optional[Refusals] = None) -> type:
     """uvicorn's h11 protocol with a head deadline and a connection cap (pass it as Config(http=...))."""
     refused = refusals or Refusals()
+    evicted = Refusals("closed")
     busy = _response(
         "503 Service Unavailable", f"server busy: {max_connections} connections open (--max-connections); retry later"
+    )
+    made_room = _response(
+        "503 Service Unavailable",
+        f"server busy: {max_connections} connections open (--max-connections), and this one had waited longest "
+        "for its request to arrive; retry later",
     )
     slow = _response("408 Request Timeout", f"request head not received within {header_timeout:g} s")
 
@@ -61,10 +73,11 @@ def limited_protocol(header_timeout: float, max_connections: int, refusals: Opti
         _timer: Optional[asyncio.TimerHandle] = None
         _armed_cycle: Any = None
         _partial = False  # bytes arrived since the deadline was set
+        _since = 0.0  # when this connection began to wait for its current request
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            if len(self.connections) > max_connections:  # this one counted
+            if len(self.connections) > max_connections and not self._make_room():  # this one counted
                 refused.note(f"{max_connections} open (--max-connections)")
                 transport.write(busy)
                 transport.close()
@@ -89,7 +102,7 @@ def limited_protocol(header_timeout: float, max_connections: int, refusals: Opti
                 self._timer.cancel()
             if self.transport.is_closing():
                 return
-            self._armed_cycle, self._partial = self.cycle, False
+            self._armed_cycle, self._partial, self._since = self.cycle, False, self.loop.time()
             self._timer = self.loop.call_later(header_timeout, self._deadline)
 
         def _deadline(self) -> None:
@@ -101,6 +114,26 @@ def limited_protocol(header_timeout: float, max_connections: int, refusals: Opti
             if self._partial:
                 self.transport.write(slow)
             self.transport.close()
+
+        def _waiting(self) -> bool:
+            """Still waiting for a request to arrive whole: its head, its body, or the next one."""
+            return self.cycle is None or self.cycle.response_complete or self.cycle.more_body
+
+        def _make_room(self) -> bool:
+            """Close the connection that has waited longest for its request (a 503), if one is
+            still waiting: connections closing already count as gone. False when every other one
+            has a whole request in progress (queued, running or answering)."""
+            others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
+            if len(others) < max_connections:
+                return True
+            waiting = [c for c in others if isinstance(c, LimitedH11Protocol) and c._waiting()]
+            if not waiting:
+                return False
+            oldest = min(waiting, key=lambda c: c._since)
+            evicted.note(f"waited longest for a request, to make room for a new one ({max_connections} open)")
+            oldest.transport.write(made_room)
+            oldest.transport.close()
+            return True
 
     return LimitedH11Protocol
 

@@ -14,7 +14,7 @@ from mtad_edge.runtime.errors import quoted
 
 
 class BadRequest(Exception):
-    """A 4xx with an OpenAI-style error body."""
+    """A 4xx with an OpenAI-style error body; ``close``: the connection is closed after it."""
 
     def __init__(
         self,
@@ -23,9 +23,11 @@ class BadRequest(Exception):
         status: int = 400,
         kind: str = "invalid_request_error",
         code: Optional[str] = None,
+        close: bool = False,
     ):
         super().__init__(message)
         self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
+        self.close = close
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -62,6 +64,13 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "suffix": ("",),
 }
 TOP_LOGPROBS_MAX = {"chat": 20, "text": 5}  # OpenAI's bounds
+# stream_options: OpenAI's keys, each a boolean, with the values this server accepts.
+# include_obfuscation pads every chunk with random text against length side channels: no padding
+# is added here, so only false is accepted (true is a 400, not a promise silently broken).
+STREAM_OPTIONS: dict[str, tuple[bool, ...]] = {"include_usage": (True, False), "include_obfuscation": (False,)}
+# Message fields besides role and content, with the values that mean "not used" (an assistant
+# message as some servers return it); any other field, or value, is a 400 naming it.
+MESSAGE_NEUTRAL: dict[str, tuple[Any, ...]] = {"tool_calls": ([],)}
 
 
 @dataclass
@@ -72,6 +81,7 @@ class Parsed:
     stop: Any
     stream: bool
     logprobs: Optional[int]  # None: not asked for; else how many alternatives per token
+    include_usage: bool = False  # a stream ends with a chunk of no choices that carries the usage
     prompt: Optional[str] = None  # text completions
     messages: Optional[list[dict[str, str]]] = None  # chat
 
@@ -99,8 +109,7 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
         if model != model_name:
             raise model_not_found(model)
     stream = _typed(body, "stream", bool, False)
-    if not isinstance(body.get("stream_options") or {}, dict):
-        raise BadRequest("'stream_options' must be an object", "stream_options")
+    include_usage = _stream_options(body, stream)
     n = body.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n != 1):
         raise BadRequest("only n=1 is supported", "n")
@@ -109,7 +118,7 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
         raise BadRequest("logprobs are only returned without streaming: leave out 'stream' or 'logprobs'", "logprobs")
     opts = {name: body[key] for key, name in REQUEST_FIELDS.items() if body.get(key) is not None}
     stop = body.get("stop")  # null is "not given"; 0 or false is a bad value (it was read as no stop strings)
-    parsed = Parsed(opts, () if stop is None else stop, stream, logprobs)
+    parsed = Parsed(opts, () if stop is None else stop, stream, logprobs, include_usage)
     if kind == "chat":
         parsed.messages = chat_messages(body)
     else:
@@ -122,6 +131,11 @@ def model_not_found(model: str) -> BadRequest:
     return BadRequest(
         f"The model '{name}' does not exist", "model", status=404, kind="invalid_request_error", code="model_not_found"
     )
+
+
+def _unused(value: Any, neutral: Optional[tuple[Any, ...]]) -> bool:
+    """JSON null, or one of the ``neutral`` values that mean "not used"."""
+    return value is None or any(_same(value, v) for v in neutral or ())
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -138,6 +152,36 @@ def _typed(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise BadRequest(f"'{key}' must be {_JSON_KINDS[kind]}, got {quoted(value)}", key)
     return value
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """Whether the stream ends with a usage chunk. ``stream_options`` is read only with a stream
+    (OpenAI refuses it without one too), and each of its keys is read or refused."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    if not stream:
+        raise BadRequest("'stream_options' is only allowed with 'stream': true", "stream_options")
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key not in STREAM_OPTIONS:
+            known = " and ".join(f"'{k}'" for k in STREAM_OPTIONS)
+            raise BadRequest(
+                f"Unrecognized stream option {quoted(key)} in 'stream_options' ({known} are read)", "stream_options"
+            )
+        if not isinstance(value, bool):
+            raise BadRequest(f"'stream_options.{key}' must be a boolean, got {quoted(value)}", "stream_options")
+        if value not in STREAM_OPTIONS[key]:
+            raise BadRequest(
+                f"Unsupported parameter: 'stream_options.{key}' is not supported by this server"
+                f" (accepted only as {' or '.join(json.dumps(v) for v in STREAM_OPTIONS[key])})",
+                "stream_options",
+                code="unsupported_parameter",
+            )
+    return bool(options.get("include_usage"))
 
 
 def _logprobs(body: dict[str, Any], kind: str) -> Optional[int]:
@@ -166,6 +210,14 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
             raise BadRequest("each message needs a role of system, user or assistant", "messages")
+        # The template reads role and content only: a name or tool calls would be lost without a word.
+        unread = [k for k, v in m.items() if k not in ("role", "content") and not _unused(v, MESSAGE_NEUTRAL.get(k))]
+        if unread:
+            name = quoted(unread[0], bare=True)
+            raise BadRequest(
+                f"messages[{i}] has a field '{name}' this server does not support (it reads 'role' and 'content')",
+                f"messages[{i}].{name}",
+            )
         content = m.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}] parts
             if not content:
@@ -218,6 +270,11 @@ def chunk(
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
     choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+
+
+def usage_chunk(kind: str, rid: str, model: str, created: int, usage: dict) -> dict:
+    """The last event of a stream with ``stream_options.include_usage``: no choices, the usage."""
+    return {**chunk(kind, rid, model, created, None, None), "choices": [], "usage": usage}
 
 
 def full(
