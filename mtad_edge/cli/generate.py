@@ -19,8 +19,23 @@ from mtad_edge.signals import interrupts
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user turn in the model's chat template.")
 @click.option("--system", help="System message (with --chat).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, stats} on stdout.")
+@click.option(
+    "--parse-special/--no-parse-special",
+    default=True,
+    show_default=True,
+    help="Special tokens written in a raw PROMPT (<|im_start|>) become control tokens; --chat keeps the "
+    "messages' text as text whatever it holds.",
+)
 @errors_as_click
-def generate(prompt: str, model: ModelChoice, chat: bool, system: Optional[str], as_json: bool, **decode: Any) -> None:
+def generate(
+    prompt: str,
+    model: ModelChoice,
+    chat: bool,
+    system: Optional[str],
+    as_json: bool,
+    parse_special: bool,
+    **decode: Any,
+) -> None:
     """Generate a completion of PROMPT with the target model, drafting with the auxiliary one."""
     cfg = decode_config(**decode)
     if system and not chat:
@@ -33,7 +48,7 @@ def generate(prompt: str, model: ModelChoice, chat: bool, system: Optional[str],
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             response = engine.chat(msgs)
         else:
-            response = engine.generate(prompt)
+            response = engine.generate(prompt, parse_special=parse_special)
         try:
             with interrupts.stopping(response.cancel):  # ... and one during the run stops it at the next step
                 for piece in response:

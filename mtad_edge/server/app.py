@@ -246,7 +246,7 @@ def create_app(
         extra = dict(stop=req.stop, logprobs=req.logprobs, **req.options)
         if req.messages is not None:
             return engine.chat(req.messages, **extra)
-        return engine.generate(req.prompt or "", **extra)
+        return engine.generate(req.prompt or "", parse_special=req.parse_special, **extra)
 
     def _start(ticket: Ticket, req: P.Parsed, then: Callable[[Response], Any]) -> tuple[Future, asyncio.Future]:
         """In a worker: build the response, then ``then(response)``. ``built`` holds the response,

@@ -40,7 +40,7 @@ REQUEST_FIELDS = {**{name: name for name in DECODE_FIELDS + SAMPLING_FIELDS}, "m
 # Fields read below, by kind of request.
 HANDLED = {
     "chat": {"model", "messages", "stream", "stream_options", "n", "stop", "logprobs", "top_logprobs"},
-    "text": {"model", "prompt", "stream", "stream_options", "n", "stop", "logprobs"},
+    "text": {"model", "prompt", "stream", "stream_options", "n", "stop", "logprobs", "parse_special"},
 }
 # OpenAI fields that do not change the answer (bookkeeping for the caller): accepted, unused.
 IGNORED = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
@@ -83,6 +83,7 @@ class Parsed:
     logprobs: Optional[int]  # None: not asked for; else how many alternatives per token
     include_usage: bool = False  # a stream ends with a chunk of no choices that carries the usage
     prompt: Optional[str] = None  # text completions
+    parse_special: bool = True  # text completions: special tokens written in the prompt become control tokens
     messages: Optional[list[dict[str, str]]] = None  # chat
 
 
@@ -123,6 +124,7 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
         parsed.messages = chat_messages(body)
     else:
         parsed.prompt = completion_prompt(body)
+        parsed.parse_special = _typed(body, "parse_special", bool, True)
     return parsed
 
 
