@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from mtad_edge.runtime.errors import MtadEdgeError, json_int, json_problem, quoted
 from mtad_edge.runtime.llama_cpp_backend import LLAMA_MAX_LAYERS
-from mtad_edge.store import make_folder
+from mtad_edge.store import make_folder, os_error
 
 FROM_TARGET = "from-target"
 Progress = Callable[[str], None]
@@ -75,7 +75,10 @@ def staging(out: Path) -> Iterator[Path]:
     make_folder(out, "the output folder")
     stage = out / f".export-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
+    try:
+        stage.mkdir()
+    except OSError as e:  # an existing folder on a read-only filesystem: make_folder had nothing to make
+        raise MtadEdgeError(f"cannot write into the output folder {out}: {os_error(e)}") from None
     try:
         yield stage
     finally:

@@ -106,8 +106,11 @@ class Interrupts:
             self.received += sorted(signal.sigpending() & set(SIGNALS))
         final = self.code if self.installed and self.code is not None else code
         for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed pipe cannot change the exit status
+            try:
                 stream.flush()
+            except Exception:  # a closed pipe or a full disk cannot change the exit status, nor print
+                with contextlib.suppress(Exception):  # a traceback as the interpreter flushes it again
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
         if self.hard_exit:
             os._exit(final)
         sys.exit(final)

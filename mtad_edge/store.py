@@ -172,7 +172,8 @@ def make_folder(folder: Path, what: str) -> Path:
 def os_error(e: OSError) -> str:
     """An OSError in words, naming a full disk as such."""
     if e.errno == errno.ENOSPC:
-        return "no space left on the device (ENOSPC): free some space and run the command again"
+        where = f" for {e.filename}" if e.filename else ""
+        return f"no space left on the device (ENOSPC){where}: free some space and run the command again"
     return f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
 
 

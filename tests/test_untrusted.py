@@ -576,6 +576,72 @@ def test_a_child_killed_by_a_signal_is_named_with_its_last_words(tmp_path, monke
     assert str(e.value) == f"onnxruntime crashed (SIGSEGV) while loading {model}: graph.cc:88: something broke"
 
 
+# -- 13. every OS error is one line and loses nothing ------------------------------------------------
+def _in_a_small_mount(tmp_path, script: str, options: str = "size=4k"):
+    """``script`` (sh) in a private mount namespace where MNT is a tmpfs mounted with ``options``
+    (root only: unshare -m)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    probe = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount in a private namespace here: {probe.stderr.decode(errors='replace').strip()}")
+    wrapped = f"mount -t tmpfs -o {options} tmpfs {mnt} && MNT={mnt} && {script}"
+    return subprocess.run(["unshare", "-m", "sh", "-c", wrapped], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_bench_on_a_full_disk_prints_its_report_keeps_its_results_and_says_enospc(smol_files, tmp_path):
+    """It was a traceback (OSError: [Errno 28]) that left .results.json.partial: the report was
+    never printed and the whole run was lost."""
+    import json
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Once upon a time"}\n')
+    args = f"--methods ar --max-tokens 4 --threads 2 --prompts {prompts} --out $MNT/out"
+    r = _in_a_small_mount(tmp_path, f"{EXE} bench {args}")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "| ar |" in r.stdout and "Traceback" not in r.stderr  # the report reached the screen
+    [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
+    assert "no space left on the device (ENOSPC)" in line and line.endswith(".json"), line
+    with open(line.rsplit(" ", 1)[1]) as f:
+        kept = json.load(f)
+    assert kept["methods"]["ar"]["runs"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [["generate"], ["generate", "--json"], ["chat"]])
+def test_a_full_standard_output_is_one_line(smol_files, how):
+    """generate (text or --json) and chat with stdout to /dev/full: a traceback (OSError: [Errno 28])."""
+    import subprocess
+
+    args = [EXE, *how, "--method", "ar", "--max-tokens", "4", "--ctx-size", "64", "--threads", "2"]
+    args += ["Hi"] if how[0] == "generate" else []
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(args, input="Hi\n", stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error") or "Traceback" in ln or "Exception" in ln]
+    assert r.returncode == 1 and errors == [
+        "Error: cannot write to standard output: no space left on the device (ENOSPC): free some space and run "
+        "the command again"
+    ], r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_export_into_a_read_only_folder_is_one_line(smol_files, tmp_path):
+    """export widen --out an existing folder on a read-only filesystem: a traceback (OSError: [Errno 30])."""
+    r = _in_a_small_mount(
+        tmp_path, f"{EXE} export widen --target {smol_files.target} --aux {smol_files.aux} --factor 2 --out $MNT", "ro"
+    )
+    assert r.returncode == 1, r.stderr[-2000:]
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"Error: cannot write into the output folder {tmp_path / 'mnt'}: "), line
+    assert "Read-only file system" in line
+
+
 # -- 11. a full disk and a killed derivation leave nothing that makes the next run fail ------------
 def test_a_full_disk_while_stamping_removes_the_unstamped_file_and_names_enospc(tmp_path, monkeypatch):
     """An unstamped file used to stay behind: it was derived again at every run and its bytes kept

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
+import mtad_edge.store as store
 from mtad_edge.bench.native import against_tg
 
 
@@ -16,10 +16,10 @@ def _fmt(v, spec=".2f", none="–"):
 
 
 def write_json(out: Path, results: dict) -> Path:
+    """results.json, written whole or not at all (a full disk leaves no partial file behind)."""
     path = out / "results.json"
-    tmp = path.with_name(".results.json.partial")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp, path)
+    with store.atomic(path) as tmp:
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
     return path
 
 

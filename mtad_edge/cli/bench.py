@@ -7,9 +7,11 @@ import contextlib
 import datetime
 import functools
 import json
+import os
 import platform
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +38,14 @@ from mtad_edge.bench.run import (
 )
 from mtad_edge.bench.variants import Variant, expand
 from mtad_edge.bench.variants import capacity as variant_capacity
-from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, sampling_options
+from mtad_edge.cli.options import (
+    ModelChoice,
+    decode_config,
+    errors_as_click,
+    model_options,
+    sampling_options,
+    write_out,
+)
 from mtad_edge.runtime.controller import Controller, Model
 from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 from mtad_edge.runtime.llama_cpp_backend import default_threads, uses_amx
@@ -296,21 +305,41 @@ def bench(
         "lookup_ceiling": _lookup_ceiling(rows, learned, base.max_gamma),
         "runs": rows,
     }
-    report.write_json(out, results)
     md = report.report_markdown(results)
-    (out / "report.md").write_text(md)
-    pngs = [report.plot_bench(out, results), report.plot_quality(out, results)]
-    if gamma_values:
-        pngs.append(report.plot_gammas(out, results))
-    if sweep_rows:
-        pngs.append(report.plot_sweep(out, sweep_rows))
-    click.echo(md)
+    write_out(md + "\n")  # first: the report reaches the screen whatever the output folder's disk does
+    try:
+        report.write_json(out, results)
+        (out / "report.md").write_text(md)
+        pngs = [report.plot_bench(out, results), report.plot_quality(out, results)]
+        if gamma_values:
+            pngs.append(report.plot_gammas(out, results))
+        if sweep_rows:
+            pngs.append(report.plot_sweep(out, sweep_rows))
+    except OSError as e:
+        raise MtadEdgeError(f"cannot write the results into {out}: {store.os_error(e)}; {_kept(results)}") from None
     drawn = ", ".join(str(p) for p in pngs if p)
     click.echo(
         f"wrote {out / 'results.json'}, {out / 'report.md'}"
         + (f", {drawn}" if drawn else " (install matplotlib, e.g. mtad-edge[bench], for the plots)"),
         err=True,
     )
+
+
+def _kept(results: dict[str, Any]) -> str:
+    """Where a bench's results went when its output folder refused them (a full disk): the
+    report is on standard output, the results in a temporary file where one can be written."""
+    lost = "the report is above; the per-run results could not be kept anywhere"
+    try:
+        fd, name = tempfile.mkstemp(prefix="mtad-edge-results-", suffix=".json")
+    except OSError:
+        return lost
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(results, indent=2) + "\n")
+    except OSError:
+        store.drop(Path(name))
+        return lost
+    return f"the report is above, and the results were kept in {name}"
 
 
 def _curve(dirs: tuple[str, ...], out: Path) -> None:

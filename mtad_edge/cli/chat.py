@@ -12,7 +12,15 @@ from typing import Any
 
 import click
 
-from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
+from mtad_edge.cli.options import (
+    ModelChoice,
+    decode_config,
+    decode_options,
+    errors_as_click,
+    model_options,
+    stdout_error,
+    write_out,
+)
 from mtad_edge.engine import check_text
 from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, OptionError
 from mtad_edge.runtime.methods import names as method_names
@@ -100,14 +108,11 @@ class ChatSession:
             with interrupts.stopping(response.cancel):  # Ctrl-C (console script): ends at the next step
                 for piece in response:
                     said.append(piece)
-                    self.out.write(piece)
-                    self.out.flush()
+                    write_out(piece, self.out)
         except KeyboardInterrupt:  # Python's own Ctrl-C, where the console script's is not installed
             response.close()
-        if response.finish_reason == "cancelled" or interrupts.received:
-            self.out.write(" [stopped]")
-        self.out.write("\n")
-        self.out.flush()
+        stopped = response.finish_reason == "cancelled" or interrupts.received
+        write_out(" [stopped]\n" if stopped else "\n", self.out)
         self.turns.append({"role": "assistant", "content": "".join(said)})
         self.last_stats = response.stats
 
@@ -148,6 +153,8 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
         while True:
             try:
                 line = input("> ")
+            except OSError as e:  # its prompt goes to standard output: a full disk, a closed pipe
+                raise stdout_error(e) from None
             except EOFError:
                 click.echo()
                 break

@@ -8,7 +8,14 @@ from typing import Any, Optional
 
 import click
 
-from mtad_edge.cli.options import ModelChoice, decode_config, decode_options, errors_as_click, model_options
+from mtad_edge.cli.options import (
+    ModelChoice,
+    decode_config,
+    decode_options,
+    errors_as_click,
+    model_options,
+    write_out,
+)
 from mtad_edge.signals import interrupts
 
 
@@ -53,19 +60,17 @@ def generate(
             with interrupts.stopping(response.cancel):  # ... and one during the run stops it at the next step
                 for piece in response:
                     if not as_json:
-                        sys.stdout.write(piece)
-                        sys.stdout.flush()
+                        write_out(piece)
         except KeyboardInterrupt:  # Python's own Ctrl-C, where the console script's handling is not installed
             response.interrupted()
         if interrupts.code:
             response.interrupted()  # what was generated is kept and reported
         if as_json:
             out = {"text": response.text_so_far(), "tokens": response.tokens, "stats": response.stats.to_dict()}
-            click.echo(json.dumps(out))
+            write_out(json.dumps(out) + "\n")
         else:
-            sys.stdout.write("\n")
+            write_out("\n")
             click.echo(response.stats.summary(), err=True)
-        sys.stdout.flush()
     interrupts.hard_exit = True  # output written, models freed: see signals.Interrupts.finish
     if response.finish_reason == "interrupted":
         sys.exit(interrupts.code or 130)

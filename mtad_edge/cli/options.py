@@ -8,13 +8,17 @@ one decorator that hands the command a ``ModelChoice``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 import click
 
+import mtad_edge.store as store
 from mtad_edge.engine import Engine
 from mtad_edge.loader import BACKENDS, PROVIDERS, THREADS_MAX, ModelOptions
 from mtad_edge.pairs import DEFAULT_PAIR, GPU_LAYERS_MAX, Pair, resolve
@@ -218,7 +222,8 @@ def missing_extra(what: str, extra: str, e: ImportError) -> click.ClickException
 
 
 def errors_as_click(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the runtime's user-facing errors into one-line click errors (exit 1, no traceback)."""
+    """Turn the runtime's user-facing errors into one-line click errors (exit 1, no traceback);
+    an OSError that no code before named (a full disk, a read-only folder) too, in its words."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -226,5 +231,33 @@ def errors_as_click(f: Callable[..., Any]) -> Callable[..., Any]:
             return f(*args, **kwargs)
         except MtadEdgeError as e:
             raise click.ClickException(str(e)) from None
+        except OSError as e:
+            raise click.ClickException(store.os_error(e)) from None
 
     return wrapper
+
+
+class StdoutError(MtadEdgeError):
+    """Standard output refused a write: a full disk (or /dev/full), a pipe whose reader left."""
+
+
+def write_out(text: str, stream: Optional[TextIO] = None) -> None:
+    """Write a command's output to ``stream`` (standard output) at once. Where the OS refuses it,
+    a one-line StdoutError, and standard output is pointed at the null device first: the
+    interpreter flushes it again at exit, which would print a traceback of its own."""
+    out = stream or sys.stdout
+    try:
+        out.write(text)
+        out.flush()
+    except OSError as e:
+        raise stdout_error(e, out) from None
+
+
+def stdout_error(e: OSError, stream: Optional[TextIO] = None) -> StdoutError:
+    """The one-line error for a write to standard output that failed, with standard output
+    pointed at the null device (see write_out)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, (stream or sys.stdout).fileno())
+        os.close(null)
+    return StdoutError(f"cannot write to standard output: {store.os_error(e)}")
