@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import threading
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -50,6 +51,7 @@ class Response:
         self.prompt_tokens = len(self.prompt_ids)
         self._cancel = threading.Event()
         self._chunks: Optional[Generator[str, None, None]] = None
+        self._turn = threading.Lock()  # held while a thread takes the next chunk
         self._text: list[str] = []
         self.tokens: list[int] = []
         self.stats: Stats = gen.stats
@@ -59,10 +61,23 @@ class Response:
     def cancel(self) -> None:
         self._cancel.set()
 
-    def __iter__(self) -> Generator[str, None, None]:
+    def __iter__(self) -> Iterator[str]:
         if self._chunks is None:
             self._chunks = self._run()
-        return self._chunks
+        return self
+
+    def __next__(self) -> str:
+        """The next chunk. One thread at a time: a second one gets a RuntimeError saying so (it
+        got the generator's 'already executing' ValueError)."""
+        if self._chunks is None:
+            self._chunks = self._run()
+        chunks = self._chunks
+        if not self._turn.acquire(blocking=False):
+            raise RuntimeError("this response is being read by another thread: read a response from one thread")
+        try:
+            return next(chunks)
+        finally:
+            self._turn.release()
 
     def text(self) -> str:
         """The whole answer (runs it to the end first); the text so far once it stopped."""
@@ -216,9 +231,23 @@ class Engine:
         (n_ctx, threads, n_gpu_layers, aux_gpu_layers, flash_attn, backend, provider) or request
         defaults (method, gamma, beam_width, temperature, ...); ``gamma`` and ``beam_width`` are
         also the most a request may ask for."""
+        for name, value in (("pair", pair), ("target", target), ("aux", aux), ("manifest", manifest)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise OptionError(f"{name} must be a name or a path, got {quoted(value)}", name)
+        known = methods.names()
+        if method_names is not None and (
+            isinstance(method_names, (str, bytes))
+            or not isinstance(method_names, Sequence)
+            or not all(isinstance(m, str) and m in known for m in method_names)
+        ):
+            raise OptionError(
+                f"method_names must be a list of method names ({', '.join(known)}), got {quoted(method_names)}",
+                "method_names",
+            )
         options = ModelOptions(**{k: kwargs.pop(k) for k in _LOAD_FIELDS if k in kwargs})
         defaults = DecodeConfig().with_options(kwargs)
-        return cls.open(resolve(pair or manifest, target, aux, say=say), options, defaults, method_names, say=say)
+        named, t, a = (None if p is None else os.fspath(p) for p in (pair or manifest, target, aux))
+        return cls.open(resolve(named, t, a, say=say), options, defaults, method_names, say=say)
 
     def generate(
         self,

@@ -39,20 +39,23 @@ class ModelOptions:
     vocab_mismatch: str = "auto"  # different vocabularies: auto (draft when enough is shared) | allow | refuse
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise MtadEdgeError(f"unknown backend {quoted(self.backend)} (choose from {', '.join(BACKENDS)})")
-        if self.provider not in PROVIDERS:
-            raise MtadEdgeError(f"unknown provider {quoted(self.provider)} (choose from {', '.join(PROVIDERS)})")
-        if self.vocab_mismatch not in MISMATCH_MODES:
-            raise MtadEdgeError(
-                f"unknown vocab_mismatch {quoted(self.vocab_mismatch)} (choose from {', '.join(MISMATCH_MODES)})"
-            )
+        """Each option checked as the API hands it over (any type): an OptionError naming it."""
+        for name, allowed in (("backend", BACKENDS), ("provider", PROVIDERS), ("vocab_mismatch", MISMATCH_MODES)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise OptionError(f"unknown {name} {quoted(value)} (choose from {', '.join(allowed)})", name)
         if self.threads is not None and not json_int(self.threads, 1, THREADS_MAX):
-            raise MtadEdgeError(f"threads must be an integer in 1..{THREADS_MAX}, got {quoted(self.threads)}")
+            raise OptionError(f"threads must be an integer in 1..{THREADS_MAX}, got {quoted(self.threads)}", "threads")
+        if self.n_ctx is not None and not json_int(self.n_ctx, 1):
+            raise OptionError(f"n_ctx must be a positive integer, got {quoted(self.n_ctx)}", "n_ctx")
+        if self.flash_attn is not None and not isinstance(self.flash_attn, bool):
+            raise OptionError(f"flash_attn must be True, False or None, got {quoted(self.flash_attn)}", "flash_attn")
         for name in ("n_gpu_layers", "aux_gpu_layers"):
             value = getattr(self, name)
             if value is not None and not valid_gpu_layers(value):
-                raise MtadEdgeError(f"{name} must be an integer in -1..{GPU_LAYERS_MAX} (-1: all), got {quoted(value)}")
+                raise OptionError(
+                    f"{name} must be an integer in -1..{GPU_LAYERS_MAX} (-1: all), got {quoted(value)}", name
+                )
 
 
 def _backend_for(path: Path, requested: str) -> str:

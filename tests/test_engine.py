@@ -11,6 +11,7 @@ from mtad_edge.engine import Engine, StopText
 from mtad_edge.runtime.backend import common_prefix
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.errors import OptionError
 
 
 class Utf8LM(FakeLM):
@@ -155,3 +156,53 @@ def test_engine_on_the_default_pair(smol_files):
         ar = eng.generate("The capital of France is", method="ar", **greedy).tokens
         for method in ("sd", "mtad", "mmtad"):
             assert eng.generate("The capital of France is", method=method, **greedy).tokens == ar
+
+
+def test_a_response_read_from_two_threads_at_once_says_so():
+    """The second thread got the generator's raw 'ValueError: generator already executing'."""
+    from helpers import SlowLM
+
+    eng = fake_engine(target=SlowLM(salt=1, n_seq_max=5))
+    r = eng.generate("abc", max_tokens=400, method="ar", seed=0)
+    errors, started = [], threading.Event()
+
+    def consume():
+        started.set()
+        for _ in r:
+            pass
+
+    th = threading.Thread(target=consume)
+    th.start()
+    assert started.wait(10)
+    deadline = time.time() + 10
+    while not errors and time.time() < deadline and th.is_alive():
+        try:
+            next(r)
+        except RuntimeError as e:
+            errors.append(str(e))
+        except StopIteration:
+            break
+    th.join(timeout=30)
+    assert errors and errors[0] == "this response is being read by another thread: read a response from one thread"
+
+
+def test_engine_load_arguments_of_the_wrong_type_are_option_errors_naming_them():
+    """pair=123 or target=123 were TypeErrors ('expected str'), n_ctx='x' another, and
+    method_names='ar' said 'unknown method a'."""
+    from mtad_edge import Engine
+
+    cases = [
+        (dict(pair=123), "pair", "pair must be a name or a path, got 123"),
+        (dict(target=123), "target", "target must be a name or a path, got 123"),
+        (dict(aux=b"x.gguf"), "aux", "aux must be a name or a path"),
+        (dict(n_ctx="x"), "n_ctx", "n_ctx must be a positive integer, got 'x'"),
+        (dict(n_ctx=0), "n_ctx", "n_ctx must be a positive integer, got 0"),
+        (dict(method_names="ar"), "method_names", "method_names must be a list of method names"),
+        (dict(method_names=["ar", "nope"]), "method_names", "method_names must be a list of method names"),
+        (dict(flash_attn="yes"), "flash_attn", "flash_attn must be True, False or None"),
+        (dict(backend=3), "backend", "unknown backend 3"),
+    ]
+    for kwargs, param, message in cases:
+        with pytest.raises(OptionError) as e:
+            Engine.load(**kwargs)
+        assert e.value.param == param and str(e.value).startswith(message), (kwargs, str(e.value))
