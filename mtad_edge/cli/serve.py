@@ -165,6 +165,9 @@ def serve(
             async def startup(self, sockets: Any = None) -> None:
                 connections.quiet_accept_errors(asyncio.get_running_loop(), refusals)
                 await super().startup(sockets)
+                if interrupts.code:  # a signal between the load and uvicorn's own handlers: stop now
+                    runs.stop_all()
+                    self.should_exit = True
 
         config = uvicorn.Config(
             app,
