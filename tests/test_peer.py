@@ -167,6 +167,27 @@ def test_a_server_that_cannot_start_is_a_one_line_error_with_its_own_words(tmp_p
     assert "\n" not in str(e.value)
 
 
+def test_a_servers_error_is_its_cause_and_its_last_word_on_one_line(tmp_path):
+    """As llama-server logs a model it cannot load (its memory fit tries the load first)."""
+    log = """0.00.002.010 I srv  llama_server: initializing ...
+0.00.008.086 E gguf_init_from_reader: invalid magic characters: 'not ', expected 'GGUF'
+0.00.008.255 E llama_model_load: error loading model: llama_model_loader: failed to load model from x.gguf
+0.00.008.337 E common_fit_params: encountered an error while trying to fit params to free device memory
+0.00.008.354 E gguf_init_from_reader: invalid magic characters: 'not ', expected 'GGUF'
+0.00.008.369 E srv    load_model: failed to load model, 'x.gguf'
+0.00.008.370 I srv    operator(): operator(): cleaning up before exit...
+0.00.008.864 E srv  llama_server: exiting due to model loading error
+"""
+    with (tmp_path / "log").open("w+b") as f:
+        f.write(log.encode())
+        line = peer.Server(None, f, 0, []).last_line()
+    cause, then = "gguf_init_from_reader: invalid magic characters: 'not ', expected 'GGUF'", "exiting due to model"
+    assert line.startswith(cause) and then in line and "\n" not in line
+    with (tmp_path / "log").open("w+b") as f:
+        f.write(b"error: invalid argument: --bogus\n")
+        assert peer.Server(None, f, 0, []).last_line() == "error: invalid argument: --bogus"
+
+
 def test_a_port_taken_between_choosing_and_binding_is_tried_again(tmp_path):
     exe, log = fake_server(tmp_path, port_taken=2)
     col = column(exe)

@@ -121,7 +121,11 @@ class Server:
             command = [*cmd, "--host", HOST, "--port", str(port)]
             log = tempfile.TemporaryFile()  # noqa: SIM115 (the server's log while it lives: stop() closes it)
             try:
-                proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                # its own session: a Ctrl-C at the terminal reaches the bench alone, which stops the
+                # server by pid (a llama-server interrupted in the middle of a request hangs in its exit)
+                proc = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
             except OSError as e:
                 log.close()
                 raise MtadEdgeError(f"cannot run llama-server ({e.strerror})") from None
@@ -149,7 +153,7 @@ class Server:
             if rc is not None:
                 if "couldn't bind" in self._log_tail():
                     raise _PortTaken()
-                raise MtadEdgeError(f"llama-server exited while starting (exit {rc}): {self.last_line()}")
+                raise MtadEdgeError(f"llama-server exited while starting ({_status(rc)}): {self.last_line()}")
             try:
                 status, _ = self._call("GET", "/health", None, 5)
             except (OSError, http.client.HTTPException):
@@ -181,7 +185,8 @@ class Server:
                 rc = None
             if rc is None:
                 raise MtadEdgeError(f"llama-server did not answer {path} ({type(e).__name__}: {e})") from None
-            raise MtadEdgeError(f"llama-server exited (exit {rc}) while answering {path}: {self.last_line()}") from None
+            last = self.last_line()
+            raise MtadEdgeError(f"llama-server exited ({_status(rc)}) while answering {path}: {last}") from None
         try:
             found = json.loads(data)
         except ValueError:
@@ -203,11 +208,18 @@ class Server:
         return self.log.read().decode("utf-8", "replace")
 
     def last_line(self) -> str:
-        """The server log's last line that reports a problem (else its last line), for errors."""
-        lines = [ln.strip() for ln in self._log_tail().splitlines() if ln.strip()]
-        bad = [ln for ln in lines if re.search(r"error|fail|invalid|unknown|cannot|couldn't|not found", ln, re.I)]
-        line = (bad or lines or ["(no output)"])[-1]
-        return line if len(line) <= 240 else line[:237] + "..."
+        """What the server's log says went wrong, on one line: the last burst of error lines, by its
+        first (the cause: "invalid magic characters", "couldn't bind") and its last (what it did
+        then); else its last line. llama.cpp's timestamps and levels are left out."""
+        lines = [_LOG_PREFIX.sub("", ln.strip()) for ln in self._log_tail().splitlines() if ln.strip()]
+        bad = [k for k, ln in enumerate(lines) if _PROBLEM.search(ln) and "common_fit_params" not in ln]
+        if not bad:
+            return _cut(lines[-1] if lines else "(no output)")
+        first = len(bad) - 1
+        while first > 0 and bad[first] - bad[first - 1] <= 2:  # one burst: at most a line between
+            first -= 1
+        cause, last = lines[bad[first]], lines[bad[-1]]
+        return _cut(cause if cause == last else f"{cause} ... {last}")
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s (or at once on Ctrl-C while waiting)."""
@@ -222,6 +234,19 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
             self.log.close()
+
+
+# llama.cpp's log lines: "0.00.008.086 E gguf_init_from_reader: invalid magic characters: ..."
+_LOG_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [A-Z] +")
+_PROBLEM = re.compile(r"error|fail|invalid|unknown|cannot|couldn't|not found|GGML_ASSERT", re.I)
+
+
+def _status(rc: int) -> str:
+    return f"exit {rc}" if rc >= 0 else f"killed by signal {-rc}"
+
+
+def _cut(line: str, most: int = 300) -> str:
+    return line if len(line) <= most else line[: most - 3] + "..."
 
 
 # A run hook for bench.run.run_bench: (prompt index, repeat, seed, position in the run order).
