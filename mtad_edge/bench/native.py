@@ -24,7 +24,7 @@ def _tool(bin_dir: Path, name: str) -> Path:
     return exe
 
 
-def _flash_attn(on: Optional[bool]) -> list[str]:
+def flash_attn_flags(on: Optional[bool]) -> list[str]:
     """The tools' -fa for the setting our target's context runs with (None: llama.cpp's auto)."""
     return [] if on is None else ["-fa", "on" if on else "off"]
 
@@ -45,7 +45,7 @@ def llama_bench(
     exe = _tool(bin_dir, "llama-bench")
     depths = sorted({0, max(0, int(depth))})
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(n_tokens), "-r", "3", "-o", "json"]
-    cmd += ["-d", ",".join(map(str, depths)), *_flash_attn(flash_attn)]
+    cmd += ["-d", ",".join(map(str, depths)), *flash_attn_flags(flash_attn)]
     # as mtad-edge loads models there (llama_cpp_backend.AMX_FLAG); llama-bench's one-row calls take
     # AMX's VNNI path, which runs even in builds whose multi-row AMX calls crash (runtime/amx.py)
     cmd += ["--repack", "0"] if uses_amx() and not amx else []
@@ -106,7 +106,7 @@ def speculative_simple(
     exe = _tool(bin_dir, "llama-speculative-simple")
     cmd = [str(exe), "-m", str(target), "-md", str(aux), "--spec-type", "draft-simple", "-p", prompt]
     cmd += ["-n", str(n_tokens), "-t", str(threads), "--temp", "0", "--spec-draft-n-max", str(gamma), "-c", str(n_ctx)]
-    cmd += _flash_attn(flash_attn)
+    cmd += flash_attn_flags(flash_attn)
     # as mtad-edge loads models there, less the repacked Q4_0 / Q4_K kernels it names tensor by
     # tensor (runtime/repack.py): llama.cpp's tools cannot ask for those without AMX's
     cmd += ["--no-repack"] if uses_amx() else []

@@ -104,6 +104,7 @@ def report_markdown(results: dict) -> str:
         if ratio is not None:
             beside = "median over repeats, each against the llama-bench runs on either side of it"
             lines += ["", f"ar runs {ratio:.3f}x llama-bench's tg ({beside})."]
+    lines += _peer_table(results.get("llama_server"), methods)
     if results.get("sweep"):
         lines += [
             "",
@@ -129,6 +130,41 @@ def report_markdown(results: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _peer_table(peer: Optional[dict], methods: dict) -> list[str]:
+    """Every variant and llama-server setting as a share of llama-server's plain decoding."""
+    if not peer:
+        return []
+    x, found = peer.get("x_llama_server_ar") or {}, peer.get("settings") or {}
+    lines = [
+        "",
+        f"llama-server ({peer['binary']}) on the same files, prompt tokens, sampling (temperature "
+        f"{peer['temperature']}, min-p 0) and seeds; one server at a time, each started for its prompt-run:",
+        "",
+        "| row | tok/s (min-max) | x llama-server ar | acceptance | PPL |",
+        "|---|---|---|---|---|",
+    ]
+    for label, a in {**methods, **found}.items():
+        lines.append(
+            f"| {label} | {_fmt(a['tokens_per_s'], '.1f')} "
+            f"({_fmt(a['tokens_per_s_min'], '.1f')}-{_fmt(a['tokens_per_s_max'], '.1f')}) "
+            f"| {_fmt(x.get(label))} | {_fmt(a['acceptance_rate'], '.1%')} | {_fmt(a['ppl'], '.2f')} |"
+        )
+    drafts = [f"{label}: {a['accepted']} of {a['drafted']}" for label, a in found.items() if a["drafted"]]
+    if drafts:
+        lines += ["", "llama-server's drafted tokens kept: " + "; ".join(drafts) + "."]
+    greedy = {k: a for k, a in found.items() if "same_tokens_as_ar" in a}  # at temperature 0
+    same = [f"{k} {a['same_tokens_as_ar']} of {a['compared_with_ar']}" for k, a in greedy.items()]
+    if same:
+        lines += ["", "Greedy: runs whose tokens equal our ar's: " + ", ".join(same) + "."]
+    differ = sum(a["prompt_tokens_differ"] for a in found.values())
+    if differ:
+        lines += ["", f"In {differ} runs llama-server counted other prompt tokens than we sent: those do not compare."]
+    for note in (peer.get("no_draft"), peer.get("error") and f"the column stopped: {peer['error']}"):
+        if note:
+            lines += ["", f"llama-server: {note}."]
+    return lines
 
 
 def _pm(agg: dict, key: str, spec: str = ".3f") -> str:
@@ -398,9 +434,11 @@ def plot_bench(out: Path, results: dict) -> Optional[Path]:
         [methods[m]["tokens_per_s_max"] - s for m, s in zip(names, speed)],
     ]
     ax[0, 0].bar(names, speed, yerr=err, color="tab:blue", capsize=4)
-    for key, n in (results.get("native") or {}).items():
+    peers = {f"native {key}": n for key, n in (results.get("native") or {}).items()}
+    peers.update(((results.get("llama_server") or {}).get("settings") or {}).items())
+    for key, n in peers.items():
         ax[0, 0].axhline(n["tokens_per_s"], ls="--", lw=1, color="gray")
-        ax[0, 0].annotate(f"native {key}", (len(names) - 0.5, n["tokens_per_s"]), fontsize=7, ha="right", va="bottom")
+        ax[0, 0].annotate(key, (len(names) - 0.5, n["tokens_per_s"]), fontsize=7, ha="right", va="bottom")
     ax[0, 0].set(title="tokens / s (decode)", ylabel="tok/s")
     ax[0, 1].bar(names, [methods[m]["block_efficiency"] or 0 for m in names], color="tab:green")
     ax[0, 1].set(title="block efficiency (tokens / target call)")

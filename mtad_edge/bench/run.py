@@ -237,26 +237,35 @@ def run_bench(
     progress: Callable[[int], None] = lambda n: None,
     judge: Optional[Judge] = None,
     after_repeat: Callable[[int], None] = lambda rep: None,
+    peers: Sequence[Callable[[int, int, int, int], None]] = (),
 ) -> list[dict[str, Any]]:
     """Rows for repeats x prompts x variants. Within a repeat every variant gets the same seed.
     ``judge``: every run's text is also scored by that model (bench/judge.py). ``after_repeat``
     is called with each repeat's index once it ended (the native column measures llama-bench there).
+    ``peers``: runs outside the engine (bench/peer.py's llama-server settings), each called with
+    (prompt index, repeat, seed, position in the order) in its place among the variants; they
+    keep their own rows.
 
     The variants run in a fresh seeded order for each prompt and repeat: the engine keeps what it
     learned (costs, acceptance) and the machine warms up, so a fixed order would hand every variant
     the same neighbour. Rows come back in canonical order (repeat, prompt, variant as listed)."""
     meter = EnergyMeter()
     rows: list[dict[str, Any]] = []
+    n = len(cfg.variants)
     for rep in range(cfg.repeats):
         for i, item in enumerate(prompts):
             seed = (cfg.decode.seed or 0) + 1000 * rep + i
             done: dict[int, dict[str, Any]] = {}
-            for position, k in enumerate(run_order(len(cfg.variants), seed)):
+            for position, k in enumerate(run_order(n + len(peers), seed)):
+                if k >= n:
+                    peers[k - n](i, rep, seed, position)
+                    progress(1)
+                    continue
                 v = cfg.variants[k]
                 row = measure(engine, item, v.config(cfg.decode, seed), meter, judge)
                 done[k] = {"label": v.label, "prompt_id": item["id"], "repeat": rep, "ran": position, **row}
                 progress(1)
-            rows.extend(done[k] for k in range(len(cfg.variants)))
+            rows.extend(done[k] for k in range(n))
         after_repeat(rep)
     return rows
 

@@ -22,7 +22,7 @@ from click.core import ParameterSource
 
 from mtad_edge import store
 from mtad_edge.bench import judge as judging
-from mtad_edge.bench import lookup, native, report
+from mtad_edge.bench import lookup, native, peer, report
 from mtad_edge.bench.paired import paired
 from mtad_edge.bench.quality import frontier, resolution
 from mtad_edge.bench.run import (
@@ -142,6 +142,13 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     type=click.Path(file_okay=False, exists=True),
     help="Folder with llama.cpp's llama-bench and llama-speculative-simple for the native column.",
 )
+@click.option(
+    "--llama-server",
+    metavar="BIN",
+    help="llama.cpp's llama-server for the peer column: plain decoding and its draft-model speculation with "
+    "the pair's aux (its defaults; n-max 8, p-min 0.5), on our prompt tokens, sampling and seeds, one server "
+    "at a time, in each prompt's run order beside our variants.",
+)
 @click.option("--sweep", is_flag=True, help="Also sweep MTAD's threshold, gamma and beam width; writes sweep.png.")
 @click.option(
     "--curve",
@@ -168,6 +175,7 @@ def bench(
     preset: Optional[str],
     out_dir: str,
     llama_cpp_bin: Optional[str],
+    llama_server: Optional[str],
     sweep: bool,
     sweep_thresholds: str,
     sweep_gammas: str,
@@ -202,6 +210,7 @@ def bench(
     points = sweep_settings(base, _floats(sweep_thresholds), _ints(sweep_gammas), _ints(sweep_widths)) if sweep else []
     prompts = load_prompts(prompts_file)
     judge_pair = judging.locate(judge_ref, _say) if judge_ref else None  # a bad --judge fails before any loading
+    server_defaults = peer.check_binary(Path(llama_server)) if llama_server else {}  # so does a bad --llama-server
     threads = model.options.threads or default_threads()
     model = replace(model, options=replace(model.options, threads=threads))
     room = variant_capacity(base, variants)
@@ -244,8 +253,29 @@ def bench(
             )
             tg_runs.append(tg())
             after_repeat = lambda rep: tg_runs.append(tg())
+        column = None
+        if llama_server:
+            ids = [engine.tokenize(t) for t in rendered]
+            aux = Path(str(paths.aux)) if paths.aux else None
+            column = peer.Column(
+                Path(llama_server),
+                Path(str(paths.target)),
+                aux,
+                server_defaults,
+                base,
+                prompts,
+                ids,
+                threads,
+                engine.n_ctx,
+                engine.flash_attn,
+                engine.amx,
+                score=engine.score,
+                say=_say,
+            )
+            column.probe()
+            total += repeats * len(prompts) * len(column.settings)
         bar = stack.enter_context(click.progressbar(length=total, label="bench", file=sys.stderr))
-        rows = run_bench(engine, prompts, cfg, bar.update, judge, after_repeat)
+        rows = run_bench(engine, prompts, cfg, bar.update, judge, after_repeat, column.hooks() if column else ())
         sweep_rows = []
         for p in points:
             one = BenchConfig.of_methods(("mtad",), repeats=1, decode=replace(base, **p))
@@ -300,6 +330,7 @@ def bench(
         "frontier": frontier(agg) or None,
         "resolution": resolution(agg) or None,
         "native": _native(llama_cpp_bin, paths, rendered, base, threads, tg_runs) if tg_runs else None,
+        "llama_server": column.results(rows, agg) if column else None,
         "sweep": sweep_rows or None,
         "learned_costs": _learned_costs(learned),
         "lookup_ceiling": _lookup_ceiling(rows, learned, base.max_gamma),
@@ -323,6 +354,8 @@ def bench(
         + (f", {drawn}" if drawn else " (install matplotlib, e.g. mtad-edge[bench], for the plots)"),
         err=True,
     )
+    if column is not None and column.error is not None:  # the bench's own figures are written by now
+        raise MtadEdgeError(f"the llama-server column is incomplete: {column.error} (the rest is in {out})")
 
 
 def _kept(results: dict[str, Any]) -> str:
