@@ -10,7 +10,7 @@ import json
 import platform
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -23,6 +23,7 @@ from mtad_edge.bench import judge as judging
 from mtad_edge.bench import lookup, native, report
 from mtad_edge.bench.paired import paired
 from mtad_edge.bench.quality import frontier, resolution
+from mtad_edge.bench.relay import DelayRelay
 from mtad_edge.bench.run import (
     PRESETS,
     BenchConfig,
@@ -143,6 +144,13 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     help="Instead of running: plot each method's speed-up over ar against the target's size from earlier "
     "runs' DIR/results.json (e.g. the stand-ins x1, x2, x4, x8); writes sizes.png and sizes.md. Repeatable.",
 )
+@click.option(
+    "--relay-delay",
+    type=click.FloatRange(min=0),
+    metavar="MS",
+    help="With --rpc: reach each rpc server through a loopback relay that adds MS milliseconds each way "
+    "(bench/relay.py), to see what a network's latency costs each method.",
+)
 @click.option("--sweep-thresholds", default="0.1,0.3,0.5,0.7,0.9", show_default=True)
 @click.option("--sweep-gammas", default="2,4,6", show_default=True)
 @click.option("--sweep-widths", default="1,2,4,8", show_default=True)
@@ -164,6 +172,7 @@ def bench(
     sweep_gammas: str,
     sweep_widths: str,
     curve_dirs: tuple[str, ...],
+    relay_delay: Optional[float],
     **sampling: Any,
 ) -> None:
     """Measure speed, acceptance, perplexity, diversity, repetition and energy of each variant
@@ -171,6 +180,8 @@ def bench(
     if curve_dirs:
         _curve(curve_dirs, Path(out_dir))
         return
+    if relay_delay is not None and not model.options.rpc:
+        raise click.BadParameter("needs --rpc (the servers to relay to)", param_hint="--relay-delay")
     if preset:
         ctx = click.get_current_context()
         given = {k for k in PRESETS[preset] if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}
@@ -204,7 +215,12 @@ def bench(
     out = Path(out_dir)
     store.make_folder(out, "the output folder")
     total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
-    with model.engine(base, engine_methods, capacity) as engine, contextlib.ExitStack() as stack:
+    relays: list[DelayRelay] = []
+    with (
+        _relayed(model, relay_delay, relays) as model_here,
+        model_here.engine(base, engine_methods, capacity) as engine,
+        contextlib.ExitStack() as stack,
+    ):
         checked = [v.config(base, 0) for v in variants] + [replace(base, **p) for p in points]
         rendered = rendered_prompts(engine, prompts, checked)
         paths, learned, n_params = engine.pair, engine.learned, engine.n_params
@@ -245,6 +261,7 @@ def bench(
             sweep_rows.append({**p, **{k: agg.get(k) for k in keys}})
         judge_info = judging.describe(judge, judge_ref or "", paths.target)
         kernels = engine.kernels
+        achieved = [a for r in relays if (a := r.achieved_ms()) is not None]
     agg = aggregate(rows, {v.label: v for v in variants})
     results = {
         "schema": 1,
@@ -292,6 +309,13 @@ def bench(
         "resolution": resolution(agg) or None,
         "native": _native(llama_cpp_bin, paths, rendered, base, threads, tg_runs) if tg_runs else None,
         "sweep": sweep_rows or None,
+        "rpc": {
+            "servers": list(model.options.rpc),
+            "relay_delay_ms": relay_delay,
+            "relay_achieved_ms": statistics.mean(achieved) if achieved else None,
+        }
+        if model.options.rpc
+        else None,
         "learned_costs": _learned_costs(learned),
         "lookup_ceiling": _lookup_ceiling(rows, learned, base.max_gamma),
         "runs": rows,
@@ -311,6 +335,21 @@ def bench(
         + (f", {drawn}" if drawn else " (install matplotlib, e.g. mtad-edge[bench], for the plots)"),
         err=True,
     )
+
+
+@contextlib.contextmanager
+def _relayed(model: ModelChoice, delay_ms: Optional[float], relays: list[DelayRelay]) -> Iterator[ModelChoice]:
+    """``model``, its rpc servers reached through delay relays where ``delay_ms`` is given (kept in
+    ``relays``, closed after the engine that uses them)."""
+    if delay_ms is None or not model.options.rpc:
+        yield model
+        return
+    try:
+        relays += [DelayRelay(server, delay_ms) for server in model.options.rpc]
+        yield replace(model, options=replace(model.options, rpc=tuple(r.endpoint for r in relays)))
+    finally:
+        for r in relays:
+            r.close()
 
 
 def _curve(dirs: tuple[str, ...], out: Path) -> None:
