@@ -24,7 +24,7 @@ import socket
 import struct
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .amx import mapped_libraries
@@ -128,7 +128,7 @@ class ServerInfo:
     endpoint: str
     version: tuple[int, int, int]
     memory: tuple[tuple[int, int], ...]
-    kept: dict[tuple[int, bytes], bytes]
+    kept: dict[tuple[int, bytes], bytes] = field(repr=False)
 
     def describe(self) -> str:
         free = sum(f for f, _ in self.memory)
@@ -189,6 +189,8 @@ def _call(sock: socket.socket, endpoint: str, cmd: Cmd, request: bytes) -> bytes
         head = _read(sock, 8)
         size = None if head is None else struct.unpack("<Q", head)[0]
         reply = _read(sock, REPLY[cmd]) if size == REPLY[cmd] else None
+    except ConnectionError:  # reset: it closed without reading all we sent
+        reply = None
     except TimeoutError:
         busy = " (it serves one client at a time: is another using it?)" if cmd == Cmd.HELLO else ""
         raise RpcError(
