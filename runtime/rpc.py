@@ -17,6 +17,7 @@ backend then raises RpcError (``Placement.check``). The guard also counts the tr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import itertools
@@ -244,7 +245,7 @@ class Guard:
         """Stop accepting and drop the server's connections. A connection llama.cpp still holds
         keeps being answered here until llama.cpp lets it go: never a failed call, never an abort."""
         self._closed = True
-        self._listener.close()
+        _stop_listening(self._listener)
         with self._lock:
             ups, self._upstreams = list(self._upstreams), set()
         for up in ups:
@@ -383,6 +384,14 @@ class Guard:
         if cmd == Cmd.ALLOC_BUFFER:
             return struct.pack("<QQ", next(self._buffers), struct.unpack("<IQ", request)[1])
         return FALLBACK.get(cmd, bytes(want))
+
+
+def _stop_listening(listener: socket.socket) -> None:
+    """Close a listening socket and wake the thread blocked in its accept() (a close alone does
+    not, on Linux)."""
+    with contextlib.suppress(OSError):
+        listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
 
 
 def _keepalive(sock: socket.socket) -> None:

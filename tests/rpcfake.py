@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -29,6 +30,8 @@ class FakeServer:
 
     def close(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept
         self._sock.close()
 
     def _serve(self) -> None:

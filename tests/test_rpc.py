@@ -6,14 +6,18 @@ mid-request, a bounded soak, and the delay relay."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 
 import pytest
 from click.testing import CliRunner
 
+from helpers import EXE
 from mtad_edge.bench.relay import DelayRelay
 from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions
@@ -183,3 +187,224 @@ def test_the_delay_relay_adds_its_delay_each_way():
         assert min(times) >= 0.010  # 5 ms each way
         assert relay.achieved_ms() is not None and 5 <= relay.achieved_ms() < 50  # type: ignore[operator]
     echo.close()
+
+
+# -- real ggml-rpc-servers on 127.0.0.1 (slow) -----------------------------------------------------
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+# Both runs alike: a fixed gamma (drafting methods draft), no flash attention (the local target's
+# default on this CPU; llama.cpp decides for devices it cannot see into).
+SETTINGS = dict(n_ctx=512, flash_attn=False, gamma=4, beam_width=4)
+
+
+@pytest.fixture(scope="session")
+def rpc_built():
+    """This llama.cpp's RPC backend and ggml-rpc-server, built here where they are not yet."""
+    import llama_cpp  # noqa: F401  (the libraries the build links against are mapped)
+
+    from mtad_edge import rpc_build
+
+    return rpc_build.build(say=print)
+
+
+class RealServer:
+    """A ggml-rpc-server on 127.0.0.1 (one CPU thread), killed by its pid."""
+
+    def __init__(self, port: int = 0, threads: int = 1):
+        from mtad_edge import rpc_build
+
+        self.port = port or int(_closed_port().rsplit(":", 1)[1])
+        self.endpoint = f"127.0.0.1:{self.port}"
+        cmd = rpc_build.server_command("127.0.0.1", self.port, threads)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                check_server(self.endpoint)
+                return
+            except RpcError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def close(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def rpc_pair(rpc_built):
+    servers = [RealServer(), RealServer()]
+    yield ",".join(s.endpoint for s in servers)
+    for s in servers:
+        s.close()
+
+
+@pytest.fixture
+def fresh_pair(rpc_built):
+    """Two servers of the test's own: it kills or stops one."""
+    servers = [RealServer(), RealServer()]
+    yield servers
+    for s in servers:
+        s.close()
+
+
+def _tokens(engine, method: str, prompt: str, max_tokens: int = 16) -> list[int]:
+    response = engine.generate(prompt, method=method, temperature=0, max_tokens=max_tokens, seed=0)
+    response.text()
+    return response.tokens
+
+
+@pytest.fixture(scope="module")
+def local_tokens(smol_files):
+    from mtad_edge import Engine
+
+    with Engine.load(pair="smollm2-135m", **SETTINGS) as engine:
+        return {(m, p): _tokens(engine, m, p) for m in ("ar", "sd", "mtad", "mmtad") for p in PROMPTS}
+
+
+def _threads() -> int:
+    return sum(t.name.startswith(("rpc guard", "127.0.0.1:")) for t in threading.enumerate())
+
+
+@pytest.mark.slow
+def test_greedy_methods_through_rpc_give_the_local_tokens(smol_files, rpc_pair, local_tokens, capfd):
+    from mtad_edge import Engine
+
+    with Engine.load(pair="smollm2-135m", rpc=rpc_pair, **SETTINGS) as engine:
+        models = engine._models
+        assert models.target.config.rpc is models.rpc and models.aux.config.rpc is None  # the aux stays here
+        assert models.aux.config.n_gpu_layers == 0  # no local GPU: the RPC backend is not one
+        err = capfd.readouterr().err
+        first = rpc_pair.split(",")[0]
+        assert f"the target's layers go to rpc servers {first} (1 device, " in err and "no authentication" in err
+        for (method, prompt), tokens in local_tokens.items():
+            assert _tokens(engine, method, prompt) == tokens, (method, prompt)
+        traffic = engine.rpc_traffic
+        assert traffic is not None and traffic["GET_TENSOR"]["calls"] > 0 and traffic["SET_TENSOR"]["sent"] > 2e8
+
+
+@pytest.mark.slow
+def test_servers_that_cannot_serve_are_one_line_errors_before_anything_loads(smol_files, rpc_pair, monkeypatch):
+    from mtad_edge import Engine
+
+    monkeypatch.setattr(rpc, "HELLO_TIMEOUT_S", 1.0)
+    refused = _closed_port()
+    with pytest.raises(RpcError, match=f"rpc server {refused} refused the connection"):
+        Engine.load(pair="smollm2-135m", rpc=f"{rpc_pair},{refused}", **SETTINGS)
+    old = FakeServer(version=(6, 0, 0))
+    with pytest.raises(RpcError, match=f"rpc server {old.endpoint} speaks RPC protocol 6.0.0"):
+        Engine.load(pair="smollm2-135m", rpc=[rpc_pair.split(",")[0], old.endpoint], **SETTINGS)
+    old.close()
+    busy = rpc_pair.split(",")[1]  # another client holds it: it answers nobody else
+    holder = Client(busy)
+    holder.call(Cmd.HELLO, bytes(CONN_CAPS))
+    with pytest.raises(RpcError, match=f"rpc server {busy} accepted the connection but did not answer HELLO"):
+        Engine.load(pair="smollm2-135m", rpc=rpc_pair, **SETTINGS)
+    holder.close()
+    assert _threads() == 0  # no guard was left running
+
+
+@pytest.mark.slow
+def test_the_cli_says_in_one_line_what_rpc_needs(smol_files, tmp_path):
+    """A fresh process: a refused server, and --rpc where this llama.cpp's backend is not built."""
+    env = {**os.environ, "MTAD_EDGE_HOME": str(tmp_path)}  # an empty cache: nothing built there
+    cmd = [EXE, "generate", "--target", str(smol_files.target), "--method", "ar", "--max-tokens", "1", "--rpc"]
+    proc = subprocess.run([*cmd, "127.0.0.1:9", "hi"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "Error: --rpc needs llama.cpp's RPC backend, built once for this llama.cpp: run `mtad-edge rpc build` "
+        "(about a minute; needs a C++ compiler, and pip's registry or --source)"
+    ]
+    refused = _closed_port()
+    proc = subprocess.run([*cmd, refused, "hi"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"Error: rpc server {refused} refused the connection: is ggml-rpc-server running there "
+        "(`mtad-edge rpc server`)?"
+    ]
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_request_ends_that_request_and_the_engine_closes(smol_files, fresh_pair, local_tokens):
+    from mtad_edge import Engine
+
+    engine = Engine.load(pair="smollm2-135m", rpc=",".join(s.endpoint for s in fresh_pair), **SETTINGS)
+    assert _tokens(engine, "mtad", PROMPTS[0]) == local_tokens[("mtad", PROMPTS[0])]
+    response = engine.generate(PROMPTS[1], method="mtad", temperature=0, max_tokens=200, seed=0)
+    chunks = iter(response)
+    next(chunks)
+    fresh_pair[1].signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RpcError, match=f"rpc server {fresh_pair[1].endpoint} .* during a call of .* rows"):
+        for _ in chunks:
+            pass
+    assert time.monotonic() - t0 < 10 and len(response.tokens) < 200
+    with pytest.raises(RpcError, match="load the model again once the server runs"):  # no silent garbage later
+        _tokens(engine, "ar", PROMPTS[0])
+    engine.close()
+    time.sleep(0.5)  # llama.cpp lets the guards' connections go as the model is freed
+    assert _threads() == 0
+
+
+@pytest.mark.slow
+def test_a_stopped_server_ends_the_request_within_the_reply_bound(smol_files, fresh_pair, monkeypatch):
+    from mtad_edge import Engine
+
+    monkeypatch.setattr(rpc, "REPLY_TIMEOUT_S", 3.0)
+    with Engine.load(pair="smollm2-135m", rpc=",".join(s.endpoint for s in fresh_pair), **SETTINGS) as engine:
+        response = engine.generate(PROMPTS[0], method="sd", temperature=0, max_tokens=200, seed=0)
+        chunks = iter(response)
+        next(chunks)
+        fresh_pair[0].signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(RpcError, match="gave no reply to .* within 3 s"):
+            for _ in chunks:
+                pass
+        assert time.monotonic() - t0 < 3.0 + 5  # the bound, and a call's own time
+
+
+@pytest.mark.slow
+def test_soak_requests_through_a_server_restarted_in_between(smol_files, rpc_built, local_tokens):
+    """Three rounds: load through a server, two requests (the local tokens), the server killed,
+    a request refused in one line, the engine closed, the server restarted on its port."""
+    from mtad_edge import Engine
+
+    fds = len(os.listdir("/proc/self/fd"))
+    server = RealServer()
+    try:
+        for _ in range(3):
+            engine = Engine.load(pair="smollm2-135m", rpc=server.endpoint, **SETTINGS)
+            for method in ("ar", "mtad"):
+                assert _tokens(engine, method, PROMPTS[0]) == local_tokens[(method, PROMPTS[0])]
+            server.close()
+            with pytest.raises(RpcError, match=f"rpc server {server.endpoint} "):
+                _tokens(engine, "sd", PROMPTS[1])
+            engine.close()
+            server = RealServer(server.port)
+    finally:
+        server.close()
+    time.sleep(0.5)
+    assert _threads() == 0 and len(os.listdir("/proc/self/fd")) <= fds + 2
+
+
+@pytest.mark.slow
+def test_bench_through_the_delay_relay_reports_the_targets_rpc_traffic(smol_files, rpc_pair, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": PROMPTS[0]}) + "\n")
+    out = tmp_path / "out"
+    cmd = [EXE, "bench", "--prompts", str(prompts), "--methods", "ar,mtad", "--max-tokens", "6"]
+    cmd += ["--temperature", "0", "--gamma", "4", "--rpc", rpc_pair, "--relay-delay", "0.5", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["rpc"]["servers"] == rpc_pair.split(",") and results["rpc"]["relay_delay_ms"] == 0.5
+    assert results["rpc"]["relay_achieved_ms"] >= 0.5
+    for method in ("ar", "mtad"):
+        traffic = results["methods"][method]["rpc"]
+        assert traffic["round_trips"] >= results["methods"][method]["target_calls"] > 0
+        assert traffic["received"] > 0 and "GET_TENSOR" in traffic["by_command"]
+    assert "RPC traffic of the target" in (out / "report.md").read_text()

@@ -44,6 +44,8 @@ class DelayRelay:
         return self._late / self.chunks * 1000 if self.chunks else None
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close alone does not, on Linux)
         self._listener.close()
         with self._lock:
             socks, self._sockets = self._sockets, []
