@@ -121,3 +121,44 @@ def _recv(sock: socket.socket, n: int) -> Optional[bytes]:
             return None
         buf += part
     return buf
+
+
+class CutProxy:
+    """Relays to ``upstream`` and cuts the connection (both sides, as a dying host would) once
+    ``limit`` bytes went towards it: a server lost at a set point of a model's upload."""
+
+    def __init__(self, upstream: str, limit: int):
+        host, port = upstream.rsplit(":", 1)
+        self.upstream, self.limit, self.sent = (host, int(port)), limit, 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+                self.sent += len(data) if counted else 0
+                if self.sent >= self.limit:
+                    break
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()

@@ -24,7 +24,7 @@ from mtad_edge.loader import ModelOptions
 from mtad_edge.runtime import rpc
 from mtad_edge.runtime.errors import MtadEdgeError, RpcError
 from mtad_edge.runtime.rpc import CONN_CAPS, Cmd, Guard, Placement, check_server, parse_endpoints
-from rpcfake import Client, FakeServer
+from rpcfake import Client, CutProxy, FakeServer
 
 
 # -- endpoints ----------------------------------------------------------------------------------
@@ -61,6 +61,44 @@ def test_a_manifest_names_its_rpc_servers_and_a_bad_one_is_refused(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({**data, "rpc": "h"}))
     with pytest.raises(MtadEdgeError, match="manifest.json: rpc: 'h' is not HOST:PORT"):
         load_manifest(tmp_path)
+
+
+# -- the build's sources ------------------------------------------------------------------------
+def test_the_build_takes_the_llama_cpp_tree_of_an_sdist_and_only_its_protocol(tmp_path):
+    import io
+    import tarfile
+
+    from mtad_edge import rpc_build
+
+    files = {
+        "ggml/include/ggml-rpc.h": "#define RPC_PROTO_MAJOR_VERSION    7\n#define RPC_PROTO_MINOR_VERSION    0\n",
+        "ggml/src/ggml-impl.h": "",
+        "ggml/src/ggml-rpc/ggml-rpc.cpp": "",
+        "ggml/src/ggml-cpu/ggml-cpu.c": "",  # not needed: left out
+        "tools/rpc/rpc-server.cpp": "",
+        "src/llama.cpp": "",
+    }
+    archive = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in {**{f"vendor/llama.cpp/{k}": v for k, v in files.items()}, "README.md": "x"}.items():
+            info = tarfile.TarInfo(f"llama_cpp_python-0.3.36/{name}")
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text.encode()))
+    rpc_build._extract(archive, tmp_path / "tree")
+    kept = sorted(str(f.relative_to(tmp_path / "tree")) for f in (tmp_path / "tree").rglob("*") if f.is_file())
+    assert kept == [
+        "ggml/include/ggml-rpc.h",
+        "ggml/src/ggml-impl.h",
+        "ggml/src/ggml-rpc/ggml-rpc.cpp",
+        "tools/rpc/rpc-server.cpp",
+    ]
+    assert rpc_build._tree(tmp_path / "tree") == tmp_path / "tree"
+    rpc_build._check_protocol(tmp_path / "tree")
+    (tmp_path / "tree/ggml/include/ggml-rpc.h").write_text("#define RPC_PROTO_MAJOR_VERSION 8\n")
+    with pytest.raises(RpcError, match="speaks RPC protocol 8.-1; this mtad-edge relays 7.0"):
+        rpc_build._check_protocol(tmp_path / "tree")
+    with pytest.raises(RpcError, match="holds no llama.cpp tree"):
+        rpc_build._tree(tmp_path)
 
 
 # -- the check before use -----------------------------------------------------------------------
@@ -347,6 +385,19 @@ def test_a_server_killed_mid_request_ends_that_request_and_the_engine_closes(smo
         _tokens(engine, "ar", PROMPTS[0])
     engine.close()
     time.sleep(0.5)  # llama.cpp lets the guards' connections go as the model is freed
+    assert _threads() == 0
+
+
+@pytest.mark.slow
+def test_a_server_lost_while_the_weights_go_out_is_one_line_and_leaves_nothing_running(smol_files, rpc_pair):
+    from mtad_edge import Engine
+
+    first, second = rpc_pair.split(",")
+    cut = CutProxy(second, 50 << 20)  # lost after 50 MB of the F16 target's ~260 MB
+    with pytest.raises(RpcError, match=f"rpc server {cut.endpoint} .* while the model loaded: the target"):
+        Engine.load(pair="smollm2-135m", rpc=[first, cut.endpoint], **SETTINGS)
+    cut.close()
+    time.sleep(0.5)
     assert _threads() == 0
 
 
