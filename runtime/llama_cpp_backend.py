@@ -399,7 +399,7 @@ class LlamaCppBackend:
                 raise ValueError("logits may only be requested in the last n_batch rows of a batch")
             buf.fill(batch, lo, hi)
             rc = self._lib.llama_decode(self._ctx, buf.batch)
-            self._check_rpc(f"during a call of {hi - lo} rows")
+            self._check_rpc(f"during a call of {hi - lo} row{'s' if hi - lo > 1 else ''}")
             if rc != 0:
                 raise MtadEdgeError(
                     f"llama_decode failed with code {rc} on {self.path.name} "

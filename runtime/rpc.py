@@ -508,6 +508,7 @@ class Placement:
 
     def __init__(self, guards: Sequence[Guard], devices: Sequence[int]):
         self.guards = tuple(guards)
+        self._told: set[Guard] = set()  # lost servers a check has named
         self._array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
         self.devices = ctypes.addressof(self._array)
         self.n_devices = len(devices)
@@ -542,11 +543,15 @@ class Placement:
         return ", ".join(g.server.describe() for g in self.guards)
 
     def check(self, when: str) -> None:
-        """RpcError where a server was lost (at or before ``when``): the target's state lives there."""
+        """RpcError where a server was lost (``when``, the first time it is told; after that, as
+        lost before): the target's state lived there."""
         for g in self.guards:
             if g.lost is not None:
+                told = g in self._told
+                self._told.add(g)
+                what = f"was lost before ({g.lost})" if told else f"{g.lost} {when}"
                 raise RpcError(
-                    f"rpc server {g.server.endpoint} {g.lost} {when}: the target's layers were there; "
+                    f"rpc server {g.server.endpoint} {what}: the target's layers were there; "
                     "load the model again once the server runs"
                 )
 

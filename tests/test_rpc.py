@@ -377,11 +377,11 @@ def test_a_server_killed_mid_request_ends_that_request_and_the_engine_closes(smo
     next(chunks)
     fresh_pair[1].signal(signal.SIGKILL)
     t0 = time.monotonic()
-    with pytest.raises(RpcError, match=f"rpc server {fresh_pair[1].endpoint} .* during a call of .* rows"):
+    with pytest.raises(RpcError, match=f"rpc server {fresh_pair[1].endpoint} .* during a call of .* rows?: "):
         for _ in chunks:
             pass
     assert time.monotonic() - t0 < 10 and len(response.tokens) < 200
-    with pytest.raises(RpcError, match="load the model again once the server runs"):  # no silent garbage later
+    with pytest.raises(RpcError, match="was lost before .*load the model again once the server runs"):  # no garbage
         _tokens(engine, "ar", PROMPTS[0])
     engine.close()
     time.sleep(0.5)  # llama.cpp lets the guards' connections go as the model is freed
