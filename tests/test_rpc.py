@@ -11,8 +11,10 @@ import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -245,15 +247,15 @@ def rpc_built():
 
 
 class RealServer:
-    """A ggml-rpc-server on 127.0.0.1 (one CPU thread), killed by its pid."""
+    """`mtad-edge rpc server` on 127.0.0.1 (one CPU thread), killed by its pid (it execs the server)."""
 
     def __init__(self, port: int = 0, threads: int = 1):
-        from mtad_edge import rpc_build
-
         self.port = port or int(_closed_port().rsplit(":", 1)[1])
         self.endpoint = f"127.0.0.1:{self.port}"
-        cmd = rpc_build.server_command("127.0.0.1", self.port, threads)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        cmd = [EXE, "rpc", "server", "--port", str(self.port), "--threads", str(threads)]
+        self.log = Path(tempfile.gettempdir()) / f"mtad-edge-test-rpc-server-{self.port}.log"  # if it dies
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -344,6 +346,8 @@ def test_servers_that_cannot_serve_are_one_line_errors_before_anything_loads(smo
     with pytest.raises(RpcError, match=f"rpc server {busy} accepted the connection but did not answer HELLO"):
         Engine.load(pair="smollm2-135m", rpc=rpc_pair, **SETTINGS)
     holder.close()
+    time.sleep(0.5)  # it now answers the hello of the check that gave up: into a closed socket, a SIGPIPE
+    assert check_server(busy).version == (7, 0, 0)  # which `mtad-edge rpc server` survives
     assert _threads() == 0  # no guard was left running
 
 

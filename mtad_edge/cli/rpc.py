@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -52,6 +53,9 @@ def server(host: str, port: int, threads: Optional[int], cache: bool) -> None:
             f"mtad-edge: ggml-rpc-server on {host}:{port} has no authentication: anyone who reaches it can use "
             "this machine and read what it holds; only on a network you trust"
         )
+    # ggml-rpc-server sends without MSG_NOSIGNAL: a client gone before its reply (one that timed out,
+    # one killed) would end it by SIGPIPE. An ignored signal stays ignored across exec.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.execv(cmd[0], cmd)
 
 
