@@ -65,6 +65,18 @@ def test_a_manifest_names_its_rpc_servers_and_a_bad_one_is_refused(tmp_path):
         load_manifest(tmp_path)
 
 
+def test_the_option_wins_over_the_manifests_rpc(tmp_path):
+    from mtad_edge.loader import rpc_servers
+    from mtad_edge.pairs import Pair, load_manifest
+
+    data = {"schema": 1, "name": "p", "target": {"file": "t.gguf"}, "aux": {"file": "a.gguf"}, "rpc": ["h:1"]}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    pair = Pair(tmp_path / "t.gguf", tmp_path / "a.gguf", load_manifest(tmp_path))
+    assert rpc_servers(pair, ModelOptions()) == ("h:1",)
+    assert rpc_servers(pair, ModelOptions(rpc="h:2")) == ("h:2",)
+    assert rpc_servers(Pair(tmp_path / "t.gguf", None), ModelOptions()) == ()
+
+
 # -- the build's sources ------------------------------------------------------------------------
 def test_the_build_takes_the_llama_cpp_tree_of_an_sdist_and_only_its_protocol(tmp_path):
     import io
@@ -326,6 +338,15 @@ def test_greedy_methods_through_rpc_give_the_local_tokens(smol_files, rpc_pair, 
             assert _tokens(engine, method, prompt) == tokens, (method, prompt)
         traffic = engine.rpc_traffic
         assert traffic is not None and traffic["GET_TENSOR"]["calls"] > 0 and traffic["SET_TENSOR"]["sent"] > 2e8
+
+
+@pytest.mark.slow
+def test_some_layers_on_the_servers_the_rest_here_give_the_local_tokens(smol_files, rpc_pair, local_tokens):
+    from mtad_edge import Engine
+
+    with Engine.load(pair="smollm2-135m", rpc=rpc_pair, n_gpu_layers=12, **SETTINGS) as engine:
+        for method in ("ar", "mtad"):
+            assert _tokens(engine, method, PROMPTS[0]) == local_tokens[(method, PROMPTS[0])]
 
 
 @pytest.mark.slow
