@@ -280,12 +280,15 @@ class Guard:
             self._upstreams.add(up)
         return up
 
-    def _drop(self, up: Optional[socket.socket], reason: str) -> None:
-        if up is not None:
-            self._lose(reason)
-            with self._lock:
-                self._upstreams.discard(up)
-            up.close()
+    def _drop(self, up: socket.socket, reason: str) -> None:
+        """The server lost, on ``up``."""
+        self._lose(reason)
+        self._forget(up)
+
+    def _forget(self, up: socket.socket) -> None:
+        with self._lock:
+            self._upstreams.discard(up)
+        up.close()
 
     def _count(self, cmd: int, sent: int, received: int, call: int = 0) -> None:
         name = Cmd(cmd).name if cmd in Cmd._value2member_map_ else str(cmd)
@@ -345,11 +348,11 @@ class Guard:
         finally:
             client.close()
             if up is not None:
-                with self._lock:
-                    self._upstreams.discard(up)
-                up.close()
+                self._forget(up)
 
-    def _reply(self, up: Optional[socket.socket], cmd: int, request: bytes, want: int) -> tuple[bytes, Any]:
+    def _reply(
+        self, up: Optional[socket.socket], cmd: int, request: bytes, want: int
+    ) -> tuple[bytes, Optional[socket.socket]]:
         """The server's reply of ``want`` bytes, else (the server lost) one given here."""
         name = Cmd(cmd).name
         if up is not None:

@@ -215,9 +215,8 @@ def bench(
     out = Path(out_dir)
     store.make_folder(out, "the output folder")
     total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
-    relays: list[DelayRelay] = []
     with (
-        _relayed(model, relay_delay, relays) as model_here,
+        _relayed(model, relay_delay) as (model_here, relays),
         model_here.engine(base, engine_methods, capacity) as engine,
         contextlib.ExitStack() as stack,
     ):
@@ -338,15 +337,15 @@ def bench(
 
 
 @contextlib.contextmanager
-def _relayed(model: ModelChoice, delay_ms: Optional[float], relays: list[DelayRelay]) -> Iterator[ModelChoice]:
-    """``model``, its rpc servers reached through delay relays where ``delay_ms`` is given (kept in
-    ``relays``, closed after the engine that uses them)."""
-    if delay_ms is None or not model.options.rpc:
-        yield model
-        return
+def _relayed(model: ModelChoice, delay_ms: Optional[float]) -> Iterator[tuple[ModelChoice, list[DelayRelay]]]:
+    """``model`` with its rpc servers reached through delay relays where ``delay_ms`` is given, and
+    the relays (closed after the engine that uses them)."""
+    relays: list[DelayRelay] = []
     try:
-        relays += [DelayRelay(server, delay_ms) for server in model.options.rpc]
-        yield replace(model, options=replace(model.options, rpc=tuple(r.endpoint for r in relays)))
+        if delay_ms is not None and model.options.rpc:
+            relays = [DelayRelay(server, delay_ms) for server in model.options.rpc]
+            model = replace(model, options=replace(model.options, rpc=tuple(r.endpoint for r in relays)))
+        yield model, relays
     finally:
         for r in relays:
             r.close()
