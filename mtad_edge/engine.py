@@ -228,7 +228,7 @@ class Engine:
     ) -> Engine:
         """Load a named pair / manifest, or ``target`` (+ ``aux``) model files: GGUF files run on
         llama.cpp, ONNX model folders on ONNX Runtime. Keyword arguments are ModelOptions
-        (n_ctx, threads, n_gpu_layers, aux_gpu_layers, flash_attn, backend, provider) or request
+        (n_ctx, threads, n_gpu_layers, aux_gpu_layers, flash_attn, backend, provider, rpc) or request
         defaults (method, gamma, beam_width, temperature, ...); ``gamma`` and ``beam_width`` are
         also the most a request may ask for."""
         for name, value in (("pair", pair), ("target", target), ("aux", aux), ("manifest", manifest)):
@@ -369,6 +369,13 @@ class Engine:
     def flash_attn(self) -> Optional[bool]:
         """Whether the target's context runs flash attention; None where its backend decided."""
         return getattr(self._require_open().target, "flash_attn", None)
+
+    @property
+    def rpc_traffic(self) -> Optional[dict[str, dict[str, int]]]:
+        """Per RPC command, the target's traffic with its rpc servers so far (calls, bytes sent,
+        bytes received); None where the target runs on this machine."""
+        rpc = self._require_open().rpc
+        return rpc.traffic() if rpc is not None else None
 
     @property
     def amx(self) -> bool:

@@ -3,18 +3,21 @@ the methods that will run on it (each method's ``layout`` says what a step needs
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import reduce
 from pathlib import Path
 from typing import Any, Optional
 
+import mtad_edge.rpc_build as rpc_build
 import mtad_edge.store as store
 from mtad_edge.pairs import GPU_LAYERS_MAX, Pair, valid_gpu_layers
 from mtad_edge.runtime import amx, chat, guard, methods
 from mtad_edge.runtime.backend import Backend, Segments
 from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError, json_int, quoted
+from mtad_edge.runtime.rpc import Placement, gpu_offload, parse_endpoints
 from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
@@ -37,9 +40,13 @@ class ModelOptions:
     backend: str = "auto"  # auto: llama.cpp for .gguf files, ONNX Runtime for model folders / .onnx
     provider: str = "auto"  # ONNX Runtime: auto (CUDA when available) | cpu | cuda
     vocab_mismatch: str = "auto"  # different vocabularies: auto (draft when enough is shared) | allow | refuse
+    # the target's layers on these ggml-rpc-servers ("HOST:PORT,..." or a list); None: the manifest's rpc
+    rpc: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         """Each option checked as the API hands it over (any type): an OptionError naming it."""
+        if self.rpc is not None:
+            object.__setattr__(self, "rpc", parse_endpoints(self.rpc))
         for name, allowed in (("backend", BACKENDS), ("provider", PROVIDERS), ("vocab_mismatch", MISMATCH_MODES)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
@@ -66,11 +73,18 @@ def _backend_for(path: Path, requested: str) -> str:
 
 
 def load_backend(
-    path: Path, n_ctx: int, n_seq_max: int, opts: ModelOptions, spin: bool = True, positions: Optional[int] = None
+    path: Path,
+    n_ctx: int,
+    n_seq_max: int,
+    opts: ModelOptions,
+    spin: bool = True,
+    positions: Optional[int] = None,
+    rpc: Optional[Placement] = None,
 ) -> Backend:
     """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX. ``spin``:
     ONNX Runtime's idle threads may spin-wait (only for a model loaded alone, see OrtConfig.spin).
-    ``positions``: the committed tokens of ``n_ctx``, bounded by the model's trained context."""
+    ``positions``: the committed tokens of ``n_ctx``, bounded by the model's trained context.
+    ``rpc``: the rpc servers' devices its layers go to (a llama.cpp model; the caller closes it)."""
     if _backend_for(path, opts.backend) == "onnx":
         from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
@@ -92,11 +106,12 @@ def load_backend(
             n_ctx=n_ctx,
             n_seq_max=n_seq_max,
             n_threads=opts.threads,
-            n_gpu_layers=_gpu_layers(opts.n_gpu_layers),
+            n_gpu_layers=_gpu_layers(opts.n_gpu_layers, remote=rpc is not None),
             flash_attn=opts.flash_attn,
             positions=positions,
             amx_store=StoredAmxCrashes(),
             model_facts=StoredModelFacts(),
+            rpc=rpc,
         ),
     )
 
@@ -159,7 +174,7 @@ class StoredAmxCrashes:
 
 class LoadedPair:
     """The two backends of a pair and the methods they were opened for (default: every method);
-    a context manager that closes both."""
+    a context manager that closes both (and then the target's rpc servers' guards)."""
 
     def __init__(
         self,
@@ -168,8 +183,9 @@ class LoadedPair:
         pair: Pair,
         vocab: Optional[VocabMap] = None,
         method_names: Optional[Sequence[str]] = None,
+        rpc: Optional[Placement] = None,
     ):
-        self.target, self.aux, self.pair = target, aux, pair
+        self.target, self.aux, self.pair, self.rpc = target, aux, pair, rpc
         self.vocab = vocab  # the map between different vocabularies (None: the same vocabulary)
         self.methods = tuple(method_names) if method_names is not None else methods.names()
 
@@ -202,6 +218,8 @@ class LoadedPair:
         for m in (self.aux, self.target):
             if m is not None:
                 m.close()
+        if self.rpc is not None:
+            self.rpc.close()  # after the target: llama.cpp calls its servers until the model is freed
 
     def __enter__(self) -> LoadedPair:
         return self
@@ -210,12 +228,36 @@ class LoadedPair:
         self.close()
 
 
-def _gpu_layers(requested: Optional[int]) -> int:
+def _gpu_layers(requested: Optional[int], remote: bool = False) -> int:
+    """n_gpu_layers as asked; else all where there are devices to offload to (rpc servers' or
+    this machine's), else 0."""
     if requested is not None:
         return requested
-    import llama_cpp
+    return -1 if remote or gpu_offload() else 0
 
-    return -1 if llama_cpp.llama_supports_gpu_offload() else 0
+
+def rpc_servers(pair: Pair, opts: ModelOptions) -> tuple[str, ...]:
+    """The rpc servers for the target's layers: the option's, else the manifest's; () for none."""
+    if opts.rpc is not None:
+        return opts.rpc
+    return (pair.manifest.rpc if pair.manifest else None) or ()
+
+
+def open_placement(servers: tuple[str, ...], target: Path, backend: str) -> Placement:
+    """The checked servers, each behind its guard (runtime/rpc.py), named on stderr before any
+    weight goes out."""
+    if _backend_for(target, backend) != "llama.cpp":
+        raise MtadEdgeError(f"--rpc places a llama.cpp model's layers; {target} runs on ONNX Runtime")
+    from mtad_edge.runtime.llama_cpp_backend import quiet_llama_logs
+
+    quiet_llama_logs()  # llama.cpp's log (the RPC backend's too) off the terminal
+    placement = Placement.open(servers, rpc_build.library())
+    print(
+        f"mtad-edge: the target's layers go to rpc servers {placement.describe()} "
+        "(ggml-rpc-server has no authentication: only on a network you trust)",
+        file=sys.stderr,
+    )
+    return placement
 
 
 def aux_gpu_layers(pair: Pair, opts: ModelOptions) -> Optional[int]:
@@ -278,24 +320,33 @@ def open_pair(
     drafting = [m.name for m in chosen if m.needs_aux]
     layout = reduce(lambda a, b: a.union(b), (m.layout(gamma, width) for m in chosen))
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
-    target = load_backend(
-        Path(target_path), n_ctx + layout.target_cells, layout.target_seqs, opts, spin=not drafting, positions=n_ctx
-    )
-    if aux_path is None or not drafting:
-        return LoadedPair(target, None, pair, method_names=names)
-    layers = aux_gpu_layers(pair, opts)  # an ONNX aux ignores it, as it does n_gpu_layers
-    aux_opts = opts if layers is None else replace(opts, n_gpu_layers=layers)
+    servers = rpc_servers(pair, opts)
+    rpc = open_placement(servers, Path(target_path), opts.backend) if servers else None
+    loaded: list[Backend] = []
     try:
-        aux = load_backend(
+        target = load_backend(
+            Path(target_path),
+            n_ctx + layout.target_cells,
+            layout.target_seqs,
+            opts,
+            spin=not drafting,
+            positions=n_ctx,
+            rpc=rpc,
+        )
+        loaded.append(target)
+        if aux_path is None or not drafting:
+            return LoadedPair(target, None, pair, method_names=names, rpc=rpc)
+        layers = aux_gpu_layers(pair, opts)  # an ONNX aux ignores it, as it does n_gpu_layers
+        aux_opts = opts if layers is None else replace(opts, n_gpu_layers=layers)
+        aux = load_backend(  # the aux stays on this machine: no rpc
             Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, aux_opts, spin=False, positions=n_ctx
         )
-    except BaseException:
-        target.close()
-        raise
-    try:
+        loaded.insert(0, aux)
         vocab = pair_vocabulary(target, aux, (Path(target_path), Path(aux_path)), opts.vocab_mismatch, say)
     except BaseException:
-        aux.close()
-        target.close()
+        for m in loaded:
+            m.close()
+        if rpc is not None:
+            rpc.close()
         raise
-    return LoadedPair(target, aux, pair, vocab, names)
+    return LoadedPair(target, aux, pair, vocab, names, rpc=rpc)

@@ -2,7 +2,8 @@
 
 A manifest (JSON, schema 1) names where the weights come from and how each variant is derived:
 
-    {"schema": 1, "name": ..., "context_size": ..., "aux_gpu_layers": ..., "chat_template": {"source": "gguf", ...},
+    {"schema": 1, "name": ..., "context_size": ..., "aux_gpu_layers": ..., "rpc": "HOST:PORT,...",
+     "chat_template": {"source": "gguf", ...},
      "source": {"kind": "pypi-file" | "pypi-assemble" | "local", "package", "module", "file", "sha256"},
      "target": {"file", "sha256",
                 "derive": {"tool": "llama_cpp.llama_model_quantize", "ftype", "allow_requantize"} | null},
@@ -34,6 +35,7 @@ import mtad_edge.hub as hub
 import mtad_edge.store as store
 from mtad_edge.models import MANIFEST_DIR
 from mtad_edge.runtime.errors import MtadEdgeError, json_int, json_problem, quoted
+from mtad_edge.runtime.rpc import parse_endpoints
 
 DEFAULT_PAIR = "smollm2-135m"
 HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
@@ -66,6 +68,12 @@ class Manifest:
         """The aux's n_gpu_layers (0: draft on the CPU); None: as the target's."""
         value = self.data.get("aux_gpu_layers")
         return None if value is None else int(value)
+
+    @property
+    def rpc(self) -> Optional[tuple[str, ...]]:
+        """The ggml-rpc-servers for the target's layers (checked at load); None: this machine."""
+        value = self.data.get("rpc")
+        return None if value is None else parse_endpoints(value)
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,11 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
         need(ok, field, f"an integer in 1..{hi}", value)
     value = data.get("aux_gpu_layers")
     need(value is None or valid_gpu_layers(value), "aux_gpu_layers", f"an integer in -1..{GPU_LAYERS_MAX}", value)
+    if data.get("rpc") is not None:
+        try:
+            parse_endpoints(data["rpc"])
+        except MtadEdgeError as e:
+            raise MtadEdgeError(f"{p}: {e}") from None
     template = data.get("chat_template")
     need(template is None or isinstance(template, dict), "chat_template", "an object", template)
     if template:

@@ -87,20 +87,31 @@ def exit_status(cmd: Sequence[str], timeout: float) -> Optional[int]:
     return proc.returncode
 
 
+def mapped_libraries(prefixes: tuple[str, ...] = LIBRARY_PREFIXES) -> list[str]:
+    """The files of llama.cpp's shared libraries this process mapped (llama_cpp is imported first:
+    it maps them), sorted; empty where the platform does not list them (no /proc)."""
+    import llama_cpp  # noqa: F401
+
+    try:
+        maps = PROC_MAPS.read_text()
+    except OSError:
+        return []
+    mapped = {fields[5] for fields in (ln.split(None, 5) for ln in maps.splitlines()) if len(fields) == 6}
+    return sorted(f for f in mapped if Path(f).name.startswith(prefixes))
+
+
 def build_identity() -> Optional[dict[str, Any]]:
     """What a kept verdict depends on beside the weight types: the llama.cpp libraries this
     process mapped (``libraries``: their paths, for the caller to identify as it does model
     files), the CPU, the kernel and the build's feature line. None where the libraries cannot be
     listed (no /proc): nothing is then kept."""
-    import llama_cpp  # its libraries mapped before they are listed
+    import llama_cpp
 
+    libraries = mapped_libraries()
     try:
-        maps = PROC_MAPS.read_text()
         cpu = next((ln for ln in PROC_CPUINFO.read_text().splitlines() if ln.startswith("model name")), "")
     except OSError:
         return None
-    mapped = {fields[5] for fields in (ln.split(None, 5) for ln in maps.splitlines()) if len(fields) == 6}
-    libraries = sorted(f for f in mapped if Path(f).name.startswith(LIBRARY_PREFIXES))
     if not libraries:
         return None
     info = llama_cpp.llama_print_system_info().decode(errors="replace")

@@ -29,6 +29,11 @@ class IncompatiblePairError(MtadEdgeError):
     """Target and auxiliary models do not share a vocabulary."""
 
 
+class RpcError(MtadEdgeError):
+    """An rpc server of the target's cannot be used (unreachable, refused, another protocol
+    version), or was lost during a call; or llama.cpp's RPC backend is not built."""
+
+
 class ContextOverflowError(MtadEdgeError):
     """The prompt does not fit in the context window."""
 

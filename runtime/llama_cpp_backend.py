@@ -26,6 +26,7 @@ from .errors import ModelLoadError, MtadEdgeError
 from .gguf_header import read_block_count, read_header
 from .guard import ModelFacts, check_loads
 from .repack import REPACK_BUFFER, Overrides, amx_kinds, placements
+from .rpc import Placement, gpu_offload
 from .special import Special, SpecialTokens, tokenize
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -66,6 +67,8 @@ class LlamaCppConfig:
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
     amx_store: Optional[VerdictStore] = None  # AMX children that crashed in earlier processes (runtime/amx.py)
     model_facts: Optional[ModelFacts] = None  # what earlier processes derived about the file (runtime/guard.py)
+    # rpc servers' devices for the layers (runtime/rpc.py); the loader owns it and closes it after the model
+    rpc: Optional[Placement] = None
 
 
 # What a KV cache may take of the machine's memory: beyond it, a context that llama.cpp would
@@ -223,6 +226,7 @@ class LlamaCppBackend:
         self._model = self._ctx = None
         self._batch: Optional[_BatchBuffer] = None
         self._specials: Optional[SpecialTokens] = None
+        self._rpc = config.rpc
         _check_gguf_file(self.path)
         _check_layers(self.path)
         check_loads("gguf", self.path, config.model_facts)  # where llama.cpp aborts, a child dies, not us
@@ -231,10 +235,12 @@ class LlamaCppBackend:
         _Log.recent.clear()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers if config.n_gpu_layers >= 0 else 2**31 - 1
+        if self._rpc is not None:
+            mparams.devices = self._rpc.devices  # the servers' devices (then local GPUs) for the layers
         self.repacked = 0  # block kinds sent by us to llama.cpp's repacked CPU kernels
         self.amx = 0  # matrix kinds llama.cpp multiplies with AMX, where this build's AMX runs
         amx = uses_amx()
-        cpu_alone = config.n_gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload()
+        cpu_alone = config.n_gpu_layers == 0 or not (self._rpc is not None or gpu_offload())
         tiles = False
         if amx and cpu_alone:
             # on the CPU alone: an override would also keep offloaded layers' weights off the GPU
@@ -249,9 +255,11 @@ class LlamaCppBackend:
             mparams.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
+            self._check_rpc("while the model loaded")  # a lost server explains the failure best
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.reason()}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         try:
+            self._check_rpc("while the model loaded")
             self._check_context(config, cpu_alone)
         except BaseException:
             self.close()
@@ -304,6 +312,12 @@ class LlamaCppBackend:
                 f"{self.path} is not a usable model: its weights give non-finite logits (corrupt or not "
                 "model data); prepare or download it again"
             )
+
+    def _check_rpc(self, when: str) -> None:
+        """RpcError where an rpc server of this model's was lost (llama.cpp's call returned on the
+        guard's replies, runtime/rpc.py)."""
+        if self._rpc is not None:
+            self._rpc.check(when)
 
     def _check_context(self, config: LlamaCppConfig, on_host: bool) -> None:
         """Before llama.cpp allocates the KV cache: the context fits what the model was trained for
@@ -435,6 +449,7 @@ class LlamaCppBackend:
                 raise ValueError("logits may only be requested in the last n_batch rows of a batch")
             buf.fill(batch, lo, hi)
             rc = self._lib.llama_decode(self._ctx, buf.batch)
+            self._check_rpc(f"during a call of {hi - lo} row{'s' if hi - lo > 1 else ''}")
             if rc != 0:
                 raise MtadEdgeError(
                     f"llama_decode failed with code {rc} on {self.path.name} "

@@ -78,6 +78,7 @@ def report_markdown(results: dict) -> str:
     lines += _controller_table(methods)
     lines += _paired_table(results.get("paired") or [])
     lines += _vocab_table(methods)
+    lines += _rpc_table(methods, results.get("rpc"))
     lines += _drafters_table(methods)
     lines += _lookup_line(results.get("lookup_ceiling"))
     native = results.get("native")
@@ -389,6 +390,28 @@ def _lookup_line(ceil: Optional[dict]) -> list[str]:
         f"verify's rows cost what one does; at the learned costs, {ceil['x_ar']:.2f}x ar at most. A lookup draft "
         f"would keep a token at {ceil['keepable_share']:.0%} of positions.",
     ]
+
+
+def _rpc_table(methods: dict, rpc: Optional[dict]) -> list[str]:
+    """The target's traffic with its rpc servers per variant (prefills included)."""
+    rows = [(m, a, a["rpc"]) for m, a in methods.items() if a.get("rpc")]
+    if not rows:
+        return []
+    servers = ", ".join((rpc or {}).get("servers") or [])
+    delay = (rpc or {}).get("relay_delay_ms")
+    got = (rpc or {}).get("relay_achieved_ms")
+    relay = f", through a relay adding {delay:g} ms each way (measured {_fmt(got, '.3f')})" if delay is not None else ""
+    lines = ["", f"RPC traffic of the target (rpc servers {servers}{relay}), per generated token:", ""]
+    lines += ["| variant | target calls | RPC calls | round trips | KB sent | KB received | most frequent |"]
+    lines += ["|---|---|---|---|---|---|---|"]
+    for m, a, t in rows:
+        n = max(a["generated"], 1)
+        top = ", ".join(f"{k} {v['calls'] / n:.1f}" for k, v in list(t["by_command"].items())[:3])
+        lines.append(
+            f"| {m} | {a['target_calls'] / n:.2f} | {t['calls'] / n:.1f} | {t['round_trips'] / n:.1f} "
+            f"| {t['sent'] / n / 1000:.1f} | {t['received'] / n / 1000:.1f} | {top} |"
+        )
+    return lines
 
 
 def _vocab_table(methods: dict) -> list[str]:

@@ -24,6 +24,7 @@ from mtad_edge.bench.variants import Variant
 from mtad_edge.engine import Engine, check_text
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, json_problem
+from mtad_edge.runtime.rpc import REPLY, Cmd
 
 
 @dataclass(frozen=True)
@@ -166,9 +167,11 @@ def measure(
     meter.start()
     # Seeds make variants sample alike; 'auto' plans as for an unseeded user, from learned costs.
     prompt = render(engine, item)
+    traffic = engine.rpc_traffic
     response = engine.generate(prompt, learned_costs=True, **cfg.as_options())
     text = response.text()
     energy = meter.stop()
+    traffic = traffic_since(traffic, engine.rpc_traffic)
     cpu = _cpu_s() - cpu0
     st, tokens = response.stats, response.tokens
     logp = engine.score(response.prompt_ids, tokens)
@@ -205,6 +208,7 @@ def measure(
         "j_per_token": energy / n if energy is not None and n else None,
         "accept_lengths": st.accept_lengths,
         "finish_reason": st.finish_reason,
+        "rpc": traffic,
         **{k: extra[k] for k in CONTROLLER_KEYS + VOCAB_KEYS if extra.get(k) is not None},
         **run_counts(tokens),
         "tokens": tokens,
@@ -268,6 +272,46 @@ def run_bench(
             rows.extend(done[k] for k in range(n))
         after_repeat(rep)
     return rows
+
+
+def traffic_since(before: Optional[dict], after: Optional[dict]) -> Optional[dict[str, dict[str, int]]]:
+    """The target's RPC traffic between two reads of ``Engine.rpc_traffic``, per command that ran
+    (the prefill's included); None without rpc servers."""
+    if after is None:
+        return None
+    out = {}
+    for name, row in after.items():
+        was = (before or {}).get(name, {})
+        delta = {k: v - was.get(k, 0) for k, v in row.items()}
+        if delta["calls"]:
+            out[name] = delta
+    return out
+
+
+# The commands llama.cpp's RPC client waits on (a reply): each costs a round trip; the others are
+# sent on without waiting.
+ROUND_TRIPS = frozenset(Cmd(c).name for c in REPLY)
+
+
+def rpc_totals(rows: list[dict]) -> Optional[dict[str, Any]]:
+    """Runs' RPC traffic summed: calls, the calls that waited for a reply (round trips), bytes
+    each way, and per command; None where no run went over RPC."""
+    found = [r["rpc"] for r in rows if r.get("rpc") is not None]
+    if not found:
+        return None
+    by: dict[str, dict[str, int]] = {}
+    for traffic in found:
+        for name, row in traffic.items():
+            total = by.setdefault(name, {"calls": 0, "sent": 0, "received": 0})
+            for k in total:
+                total[k] += row[k]
+    return {
+        "calls": sum(r["calls"] for r in by.values()),
+        "round_trips": sum(r["calls"] for n, r in by.items() if n in ROUND_TRIPS),
+        "sent": sum(r["sent"] for r in by.values()),
+        "received": sum(r["received"] for r in by.values()),
+        "by_command": dict(sorted(by.items(), key=lambda kv: -kv[1]["calls"])),
+    }
 
 
 def run_order(n: int, seed: int) -> list[int]:
@@ -363,6 +407,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             out[label]["judge_tokens"] = _total(mine, "judge_tokens")
             out[label]["judge_truncated"] = sum(bool(r["judge_truncated"]) for r in mine)
         out[label]["time_ms_per_token"] = time_split(out[label])
+        out[label]["rpc"] = rpc_totals(mine)
         out[label]["drafters"] = drafters(mine)
     return out
 

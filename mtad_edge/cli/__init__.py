@@ -30,6 +30,7 @@ def _register() -> None:
     from mtad_edge.cli.export import export
     from mtad_edge.cli.generate import generate
     from mtad_edge.cli.models import models
+    from mtad_edge.cli.rpc import rpc
     from mtad_edge.cli.serve import serve
     from mtad_edge.cli.tune import tune
 
@@ -40,6 +41,7 @@ def _register() -> None:
     cli.add_command(chat)
     cli.add_command(export)
     cli.add_command(tune)
+    cli.add_command(rpc)
 
 
 _register()

@@ -12,7 +12,7 @@ import platform
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -25,6 +25,7 @@ from mtad_edge.bench import judge as judging
 from mtad_edge.bench import lookup, native, peer, report
 from mtad_edge.bench.paired import paired
 from mtad_edge.bench.quality import frontier, resolution
+from mtad_edge.bench.relay import DelayRelay
 from mtad_edge.bench.run import (
     PRESETS,
     BenchConfig,
@@ -159,6 +160,13 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     help="Instead of running: plot each method's speed-up over ar against the target's size from earlier "
     "runs' DIR/results.json (e.g. the stand-ins x1, x2, x4, x8); writes sizes.png and sizes.md. Repeatable.",
 )
+@click.option(
+    "--relay-delay",
+    type=click.FloatRange(min=0),
+    metavar="MS",
+    help="With --rpc: reach each rpc server through a loopback relay that adds MS milliseconds each way "
+    "(bench/relay.py), to see what a network's latency costs each method.",
+)
 @click.option("--sweep-thresholds", default="0.1,0.3,0.5,0.7,0.9", show_default=True)
 @click.option("--sweep-gammas", default="2,4,6", show_default=True)
 @click.option("--sweep-widths", default="1,2,4,8", show_default=True)
@@ -181,6 +189,7 @@ def bench(
     sweep_gammas: str,
     sweep_widths: str,
     curve_dirs: tuple[str, ...],
+    relay_delay: Optional[float],
     **sampling: Any,
 ) -> None:
     """Measure speed, acceptance, perplexity, diversity, repetition and energy of each variant
@@ -188,6 +197,8 @@ def bench(
     if curve_dirs:
         _curve(curve_dirs, Path(out_dir))
         return
+    if relay_delay is not None and not model.options.rpc:
+        raise click.BadParameter("needs --rpc (the servers to relay to)", param_hint="--relay-delay")
     if preset:
         ctx = click.get_current_context()
         given = {k for k in PRESETS[preset] if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}
@@ -222,7 +233,11 @@ def bench(
     out = Path(out_dir)
     store.make_folder(out, "the output folder")
     total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
-    with model.engine(base, engine_methods, capacity) as engine, contextlib.ExitStack() as stack:
+    with (
+        _relayed(model, relay_delay) as (model_here, relays),
+        model_here.engine(base, engine_methods, capacity) as engine,
+        contextlib.ExitStack() as stack,
+    ):
         checked = [v.config(base, 0) for v in variants] + [replace(base, **p) for p in points]
         rendered = rendered_prompts(engine, prompts, checked)
         paths, learned, n_params = engine.pair, engine.learned, engine.n_params
@@ -284,6 +299,7 @@ def bench(
             sweep_rows.append({**p, **{k: agg.get(k) for k in keys}})
         judge_info = judging.describe(judge, judge_ref or "", paths.target)
         kernels = engine.kernels
+        achieved = [a for r in relays if (a := r.achieved_ms()) is not None]
     agg = aggregate(rows, {v.label: v for v in variants})
     results = {
         "schema": 1,
@@ -332,6 +348,13 @@ def bench(
         "native": _native(llama_cpp_bin, paths, rendered, base, threads, tg_runs) if tg_runs else None,
         "llama_server": column.results(rows, agg) if column else None,
         "sweep": sweep_rows or None,
+        "rpc": {
+            "servers": list(model.options.rpc),
+            "relay_delay_ms": relay_delay,
+            "relay_achieved_ms": statistics.mean(achieved) if achieved else None,
+        }
+        if model.options.rpc
+        else None,
         "learned_costs": _learned_costs(learned),
         "lookup_ceiling": _lookup_ceiling(rows, learned, base.max_gamma),
         "runs": rows,
@@ -373,6 +396,21 @@ def _kept(results: dict[str, Any]) -> str:
         store.drop(Path(name))
         return lost
     return f"the report is above, and the results were kept in {name}"
+
+
+@contextlib.contextmanager
+def _relayed(model: ModelChoice, delay_ms: Optional[float]) -> Iterator[tuple[ModelChoice, list[DelayRelay]]]:
+    """``model`` with its rpc servers reached through delay relays where ``delay_ms`` is given, and
+    the relays (closed after the engine that uses them)."""
+    relays: list[DelayRelay] = []
+    try:
+        if delay_ms is not None and model.options.rpc:
+            relays = [DelayRelay(server, delay_ms) for server in model.options.rpc]
+            model = replace(model, options=replace(model.options, rpc=tuple(r.endpoint for r in relays)))
+        yield model, relays
+    finally:
+        for r in relays:
+            r.close()
 
 
 def _curve(dirs: tuple[str, ...], out: Path) -> None:

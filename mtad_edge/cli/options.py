@@ -26,6 +26,7 @@ from mtad_edge.runtime.compat import MISMATCH_MODES
 from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS, DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError
 from mtad_edge.runtime.options import OPTIONS, Option
+from mtad_edge.runtime.rpc import parse_endpoints
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -133,7 +134,15 @@ _MODEL_FIELDS = (
     "backend",
     "provider",
     "vocab_mismatch",
+    "rpc",
 )
+
+
+def _rpc_servers(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[tuple[str, ...]]:
+    try:
+        return None if value is None else parse_endpoints(value, "--rpc")
+    except MtadEdgeError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
 
 
 vocab_mismatch_option = click.option(
@@ -213,6 +222,14 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="ONNX Runtime execution provider (auto: CUDA when onnxruntime-gpu sees a GPU).",
         ),
         vocab_mismatch_option,
+        click.option(
+            "--rpc",
+            metavar="HOST:PORT[,HOST:PORT...]",
+            callback=_rpc_servers,
+            help="Put the target's layers on these ggml-rpc-servers (`mtad-edge rpc server`), as llama.cpp's "
+            "--rpc does (--n-gpu-layers, split by their free memory); the aux stays here. They have no "
+            "authentication: trusted networks only (docs/rpc.md). Default: the pair's rpc, else none.",
+        ),
     )(wrapper)
 
 
