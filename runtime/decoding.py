@@ -200,6 +200,11 @@ class Generation:
         None where no aux drafts (ar, beam's own windows on the target, prompt lookup alone)."""
         cfg, m = self.cfg, self.method
         fixed_width = 1 if not m.uses_beams else cfg.beam_width if isinstance(cfg.beam_width, int) else None
+        # Greedy, the text is ar's whatever the width, so a width only sets the speed: up to the one
+        # given, the controller picks it (x4 at T = 0, MTAD's 4 beams kept as much as sd's greedy
+        # draft, 54.9 % against 54.8 %, for an aux call of 22 ms a depth against 9).
+        width_cap = fixed_width if cfg.sampling.greedy and m.uses_beams and fixed_width else None
+        fixed_width = None if width_cap else fixed_width
         if not m.needs_aux:  # nothing drafts, so nothing adapts: ar, or beam's own windows on the target
             self.max_gamma, self.max_width = m.fixed_plan(cfg.gamma, cfg.beam_width)
             return FixedController(self.max_gamma, self.max_width)
@@ -207,7 +212,7 @@ class Generation:
             self.max_gamma, self.max_width = cfg.max_gamma, 1
             return None
         self.max_gamma = cfg.max_gamma
-        self.max_width = fixed_width or self._width_capacity()
+        self.max_width = fixed_width or width_cap or self._width_capacity()
         if not cfg.adaptive:
             return FixedController(cfg.max_gamma, self.max_width)
         gammas = range(cfg.max_gamma, cfg.max_gamma + 1)
