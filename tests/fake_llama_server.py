@@ -98,7 +98,14 @@ def main() -> None:
                 os._exit(134)
             n = body["n_predict"]
             ms = config.get("ms_per_token", {}).get("draft" if drafting else "plain", 10.0)
-            timings = {"prompt_n": len(body["prompt"]), "prompt_ms": 1.0, "predicted_n": n, "predicted_ms": n * ms}
+            # as llama-server times it: from the first token, which the prompt's prefill made, so
+            # predicted_ms covers n - 1 decodes
+            timings = {
+                "prompt_n": len(body["prompt"]),
+                "prompt_ms": 1.0,
+                "predicted_n": n,
+                "predicted_ms": (n - 1) * ms,
+            }
             if drafting:
                 timings |= {"draft_n": 2 * n, "draft_n_accepted": n}
             tokens = config.get("tokens") or list(range(100, 100 + n))

@@ -406,6 +406,10 @@ def _row(answer: Any) -> dict[str, Any]:
         row = {
             "prompt_tokens": int(t["prompt_n"]),
             "generated": int(t["predicted_n"]),
+            # its predicted_ms starts at the first token, which came from the prompt's prefill: the
+            # time covers predicted_n - 1 decodes (its own n_gen_tps counts so). Ours counts the
+            # first token's decode, so predicted_n / predicted_ms ran 64/63 fast at 64 tokens.
+            "decoded": max(0, int(t["predicted_n"]) - 1),
             "decode_s": float(t["predicted_ms"]) / 1000,
             "drafted": int(t.get("draft_n", 0)),
             "accepted": int(t.get("draft_n_accepted", 0)),
@@ -427,7 +431,7 @@ def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     for k in repeats:
         mine = [r for r in rows if r["repeat"] == k]
         seconds = sum(r["decode_s"] for r in mine)
-        speeds.append(sum(r["generated"] for r in mine) / seconds if seconds > 0 else 0.0)
+        speeds.append(sum(r["decoded"] for r in mine) / seconds if seconds > 0 else 0.0)
     gen, drafted, accepted = (sum(r[k] for r in rows) for k in ("generated", "drafted", "accepted"))
     scored = [r for r in rows if r["logprob_sum"] is not None]
     scored_n = sum(len(r["tokens"]) for r in scored)

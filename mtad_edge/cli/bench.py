@@ -208,7 +208,9 @@ def bench(
         ar_temperatures = settings.get("ar_temperatures", ar_temperatures)
         sampling["max_tokens"] = settings.get("max_tokens", sampling["max_tokens"])
     chosen = _methods(methods)
-    base = decode_config(method="mtad", **{**sampling, "seed": sampling["seed"] or 0})  # reproducible by default
+    # reproducible by default; the base request is mtad's unless it is not benched (a target alone: ar)
+    base_method = "mtad" if "mtad" in chosen else chosen[0]
+    base = decode_config(method=base_method, **{**sampling, "seed": sampling["seed"] or 0})
     gamma_values = _option_list(gammas, "gamma", "--gammas")
     temps = _option_list(ar_temperatures, "temperature", "--ar-temperatures")
     try:
