@@ -278,8 +278,9 @@ class Column:
         self.exe, self.target, self.aux, self.base = exe, target, aux, base
         self.prompts, self.prompt_ids, self.score, self.say, self.ready_s = prompts, prompt_ids, score, say, ready_s
         self.settings = settings(defaults) if aux is not None else settings(defaults)[:1]
-        # our threads for both models, one slot holding our context, flash attention as our target's,
-        # weights placed as ours (native.llama_bench's rule for AMX machines)
+        # our threads for both models, one slot holding our context, flash attention as asked of both
+        # (unset: each its own default, as a user runs it), weights placed as ours (native.llama_bench's
+        # rule for AMX machines)
         self.common = ["-t", str(threads), "-c", str(n_ctx), "-np", "1", *flash_attn_flags(flash_attn)]
         self.common += ["--no-repack"] if uses_amx() and not amx else []
         self.threads = threads

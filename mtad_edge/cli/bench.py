@@ -284,7 +284,7 @@ def bench(
                 ids,
                 threads,
                 engine.n_ctx,
-                engine.flash_attn,
+                model.options.flash_attn,  # llama-server's own default (auto: on for a CPU) unless one is asked for
                 engine.amx,
                 score=engine.score,
                 say=_say,
