@@ -37,6 +37,7 @@ from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
 from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, OptionError, json_int, quoted
 from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
+from mtad_edge.runtime.special import TooLong
 from mtad_edge.textstream import StopText, TextStream
 
 
@@ -297,7 +298,7 @@ class Engine:
 
         def segments(limit: int) -> Segments:
             if len(messages) > limit:  # every message renders to a token or more
-                raise ContextOverflowError(f"{len(messages)} messages cannot fit the context's {limit} tokens")
+                raise TooLong(limit, f"{len(messages)} messages, each a token or more")
             return self._require_open().chat_segments(messages)
 
         return self._start(segments, stop, logprobs, learned_costs, options)
@@ -334,9 +335,9 @@ class Engine:
         limit = models.target.n_positions
         try:
             ids = models.target.tokenize_segments(text(limit), limit=limit)
-        except ContextOverflowError as e:
+        except TooLong as e:
             raise ContextOverflowError(
-                f"prompt cannot fit the context: {e}, and it holds {limit} (--ctx-size); shorten it or raise --ctx-size"
+                f"prompt has {e} but the context holds {limit} (--ctx-size); shorten it or raise --ctx-size"
             ) from None
         gen = Generation(
             models.target,

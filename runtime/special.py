@@ -151,7 +151,7 @@ class TooLong(ContextOverflowError):
     """A text makes more tokens than ``limit``; ``why``: how that was known before the end."""
 
     def __init__(self, limit: int, why: str):
-        super().__init__(f"it makes more than {limit} tokens ({why})")
+        super().__init__(f"more than {limit} tokens ({why})")
         self.limit, self.why = limit, why
 
 
@@ -167,7 +167,7 @@ def tokenize(
     if limit is not None and table.max_token_bytes:
         size = sum(len(text.encode("utf-8")) for text, _ in segments)
         if size > limit * table.max_token_bytes:
-            raise TooLong(limit, f"{size} bytes, where a token stands for {table.max_token_bytes} at most")
+            raise TooLong(limit, f"its {size} bytes, where a token stands for {table.max_token_bytes} at most")
     info = model.vocab_info()
     ids = [info.bos] if add_special and info.add_bos and info.bos >= 0 else []
     for piece in table.split(segments):
@@ -176,7 +176,7 @@ def tokenize(
         else:
             ids.extend(model.tokenize_raw(piece))
         if limit is not None and len(ids) > limit:
-            raise TooLong(limit, "counted before the end of the text")
+            raise TooLong(limit, "counted until the context was full")
     if add_special and info.add_eos and info.eos >= 0:
         ids.append(info.eos)
     if limit is not None and len(ids) > limit:
