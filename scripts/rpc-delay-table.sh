@@ -7,7 +7,7 @@
 #   scripts/rpc-delay-table.sh [OUT]     each run in OUT/<pair>-<setting>/, the table in OUT/table.md
 # Environment: MTAD_EDGE (the command, default .venv/bin/mtad-edge), RPC_DELAYS ("0 0.25 1 2.5"),
 # RPC_X4 (the stand-in's folder, made where missing: standins/smollm2-x4), RPC_SERVER_THREADS (1),
-# RPC_PORTS ("50052 50053"), RPC_SPECS ("PAIR|TAG|BENCH ARGS;..." for other pairs or a short try).
+# RPC_PORTS ("50052 50053"), RPC_METHODS ("ar,sd,mtad,mmtad"), RPC_SPECS ("PAIR|TAG|BENCH ARGS;..." for other pairs or a short try).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-rpc-delay}
@@ -41,7 +41,7 @@ run() {  # NAME PAIR BENCH-ARGS...
   shift 2
   [[ -f $out/$name/results.json ]] && return  # done in an earlier, interrupted run
   echo "== $name" >&2
-  "$exe" bench --pair "$pair" --methods ar,sd,mtad,mmtad "$@" --out "$out/$name" >"$out/$name.log" 2>&1
+  "$exe" bench --pair "$pair" --methods "${RPC_METHODS:-ar,sd,mtad,mmtad}" "$@" --out "$out/$name" >"$out/$name.log" 2>&1
 }
 IFS=';' read -r -a spec_list <<< "$specs"
 for spec in "${spec_list[@]}"; do
