@@ -9,8 +9,9 @@ finds the backend beside itself. No fork, no rebuild of llama-cpp-python: two co
 about a minute on 2 cores. (A llama-cpp-python built with CMAKE_ARGS="-DGGML_RPC=ON" has the
 backend built in: the client then needs nothing from here.)
 
-Kept in ``store.home()/rpc/<key>/``, the key hashing llama-cpp-python's version and the bytes of
-the two libraries this process mapped (another build is another folder). The sources come from
+Kept in ``store.home()/rpc/<key>/``, the key hashing llama-cpp-python's version, the bytes of the
+two libraries this process mapped and their folder (another build is another folder, and so is
+another environment with the same build: the binaries find the libraries by that path). The sources come from
 ``--source`` (a llama-cpp-python sdist folder or a llama.cpp checkout), else from the sdist of
 the installed version, fetched with pip from its registry once and kept (the few files needed).
 """
@@ -62,7 +63,10 @@ def _libraries() -> tuple[Path, Path]:
 def folder() -> Path:
     """Where this llama.cpp build's RPC backend and server live (built or not)."""
     base, ggml = _libraries()
-    return store.home() / "rpc" / store.key([_version(), store.sha256_file(base), store.sha256_file(ggml)])
+    # the folder too: the builds link to the libraries by their path (an rpath), so one made for
+    # another virtual environment fails to start once that environment is gone
+    where = [str(p.parent.resolve()) for p in (base, ggml)]
+    return store.home() / "rpc" / store.key([_version(), store.sha256_file(base), store.sha256_file(ggml), where])
 
 
 def built() -> Optional[Path]:

@@ -116,6 +116,24 @@ def test_the_build_takes_the_llama_cpp_tree_of_an_sdist_and_only_its_protocol(tm
         rpc_build._tree(tmp_path)
 
 
+def test_another_environment_with_the_same_llama_cpp_gets_a_build_of_its_own(tmp_path, monkeypatch):
+    # the builds find the libraries by their folder (an rpath): one made for a virtual environment
+    # since deleted failed to start ("libggml.so.0: cannot open shared object file")
+    from mtad_edge import rpc_build
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
+    folders = []
+    for env in ("a", "b"):
+        libs = tmp_path / env / "llama_cpp/lib"
+        libs.mkdir(parents=True)
+        for name in ("libggml-base.so", "libggml.so"):
+            (libs / name).write_bytes(b"the same build's bytes: " + name.encode())
+        monkeypatch.setattr(rpc_build, "_libraries", lambda libs=libs: (libs / "libggml-base.so", libs / "libggml.so"))
+        folders.append(rpc_build.folder())
+    assert folders[0] != folders[1]
+    assert folders[0].parent == folders[1].parent == tmp_path / "home/rpc"
+
+
 # -- the check before use -----------------------------------------------------------------------
 def _closed_port() -> str:
     with socket.create_server(("127.0.0.1", 0)) as s:
