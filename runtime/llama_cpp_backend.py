@@ -449,7 +449,8 @@ class LlamaCppBackend:
                 raise ValueError("logits may only be requested in the last n_batch rows of a batch")
             buf.fill(batch, lo, hi)
             rc = self._lib.llama_decode(self._ctx, buf.batch)
-            self._check_rpc(f"during a call of {hi - lo} row{'s' if hi - lo > 1 else ''}")
+            call = f"during a call of {hi - lo} row{'s' if hi - lo > 1 else ''}"
+            self._check_rpc(call)
             if rc != 0:
                 raise MtadEdgeError(
                     f"llama_decode failed with code {rc} on {self.path.name} "
@@ -463,6 +464,9 @@ class LlamaCppBackend:
         if not n_out:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = self._lib.llama_get_logits(self._ctx)
+        # llama_decode returns before its outputs are fetched; llama_get_logits waits for them: a
+        # server lost then left the guard's zeros here (token 0 is SmolLM2's end of text: a clean stop)
+        self._check_rpc(call)
         key = (ctypes.cast(ptr, ctypes.c_void_p).value or 0, n_out)
         view = self._views.get(key)
         if view is None:  # a row count not seen on this buffer yet, or a new buffer (llama.cpp grew it)

@@ -125,11 +125,13 @@ def _recv(sock: socket.socket, n: int) -> Optional[bytes]:
 
 class CutProxy:
     """Relays to ``upstream`` and cuts the connection (both sides, as a dying host would) once
-    ``limit`` bytes went towards it: a server lost at a set point of a model's upload."""
+    ``limit`` bytes went towards it (a server lost at a set point of a model's upload), or once
+    ``back_limit`` bytes came back from it (lost in the middle of a reply)."""
 
-    def __init__(self, upstream: str, limit: int):
+    def __init__(self, upstream: str, limit: int, back_limit: int = 1 << 62):
         host, port = upstream.rsplit(":", 1)
         self.upstream, self.limit, self.sent = (host, int(port)), limit, 0
+        self.back_limit, self.received = back_limit, 0
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"127.0.0.1:{self._sock.getsockname()[1]}"
         threading.Thread(target=self._serve, daemon=True).start()
@@ -147,8 +149,13 @@ class CutProxy:
     def _pipe(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
         try:
             while data := src.recv(1 << 16):
+                if not counted and self.received + len(data) >= self.back_limit:
+                    dst.sendall(data[: max(0, self.back_limit - self.received)])
+                    self.received = self.back_limit
+                    break
                 dst.sendall(data)
                 self.sent += len(data) if counted else 0
+                self.received += 0 if counted else len(data)
                 if self.sent >= self.limit:
                     break
         except OSError:

@@ -435,6 +435,27 @@ def test_a_server_killed_mid_request_ends_that_request_and_the_engine_closes(smo
 
 
 @pytest.mark.slow
+def test_a_server_lost_while_a_call_waits_for_its_logits_is_an_error_not_an_early_stop(smol_files, rpc_pair):
+    # llama_decode returns before the logits come back (llama_get_logits waits for them): a server
+    # lost then left the guard's zeros as logits, whose argmax is token 0, the end of text, and the
+    # request ended as a clean stop (seen once in a full run of the kill test above), no error
+    from mtad_edge import Engine
+
+    first, second = rpc_pair.split(",")
+    cut = CutProxy(second, 1 << 62)
+    engine = Engine.load(pair="smollm2-135m", rpc=[first, cut.endpoint], **SETTINGS)
+    try:
+        assert len(_tokens(engine, "ar", PROMPTS[0])) == 16
+        cut.back_limit = cut.received + 1000  # cut inside the next reply over 1 KB: the logits (196 KB)
+        response = engine.generate(PROMPTS[1], method="ar", temperature=0, max_tokens=16, seed=0)
+        with pytest.raises(RpcError, match=f"rpc server {cut.endpoint} .* during a call of .* rows?: "):
+            response.text()
+    finally:
+        engine.close()
+        cut.close()
+
+
+@pytest.mark.slow
 def test_a_server_lost_while_the_weights_go_out_is_one_line_and_leaves_nothing_running(smol_files, rpc_pair):
     from mtad_edge import Engine
 
