@@ -146,6 +146,21 @@ def test_the_column_asks_with_our_prompt_tokens_sampling_and_seeds_and_reads_the
     assert "-md d.gguf" in found["commands"]["llama-server draft n-max 3 p-min 0"]
 
 
+def test_the_servers_weights_are_placed_as_ours(tmp_path):
+    """--n-gpu-layers / --aux-gpu-layers become -ngl / -ngld (our -1, every layer, is its "all");
+    unset, llama-server keeps its own default (auto: what fits)."""
+    exe, _ = fake_server(tmp_path)
+    placed = column(exe, gpu_layers=(-1, 0))
+    plain, draft = (placed.command(s) for s in (placed.settings[0], placed.settings[-1]))
+    assert plain[plain.index("-ngl") + 1] == "all" and "-ngld" not in plain
+    assert draft[draft.index("-ngl") + 1] == "all" and draft[draft.index("-ngld") + 1] == "0"
+    assert draft.index("-ngld") > draft.index("-md")
+    some = column(exe, gpu_layers=(12, None)).command(placed.settings[-1])
+    assert some[some.index("-ngl") + 1] == "12" and "-ngld" not in some
+    default = column(exe).command(placed.settings[-1])
+    assert "-ngl" not in default and "-ngld" not in default
+
+
 def test_without_an_aux_or_a_draft_it_can_use_the_column_is_plain_decoding(tmp_path):
     exe, _ = fake_server(tmp_path)
     col = column(exe, aux=False)

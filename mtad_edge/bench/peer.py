@@ -253,6 +253,14 @@ def _cut(line: str, most: int = 300) -> str:
 Hook = Callable[[int, int, int, int], None]
 
 
+def placement_flags(flag: str, layers: Optional[int]) -> list[str]:
+    """Our --n-gpu-layers / --aux-gpu-layers as llama-server's -ngl / -ngld (ours -1 is its "all";
+    unset: its own default, "auto", which offloads what fits)."""
+    if layers is None:
+        return []
+    return [flag, "all" if layers < 0 else str(layers)]
+
+
 class Column:
     """The llama-server settings on the bench's prompts (as token ids: ours, so it sees the very
     prompt tokens ours does) with the bench's sampling, each run recorded as a row. A server that
@@ -271,6 +279,7 @@ class Column:
         n_ctx: int,
         flash_attn: Optional[bool],
         amx: bool = False,
+        gpu_layers: tuple[Optional[int], Optional[int]] = (None, None),
         score: Optional[Callable[[list[int], list[int]], Any]] = None,
         say: Callable[[str], None] = lambda line: None,
         ready_s: float = 600.0,
@@ -283,6 +292,8 @@ class Column:
         # rule for AMX machines)
         self.common = ["-t", str(threads), "-c", str(n_ctx), "-np", "1", *flash_attn_flags(flash_attn)]
         self.common += ["--no-repack"] if uses_amx() and not amx else []
+        self.common += placement_flags("-ngl", gpu_layers[0])
+        self.aux_flags = placement_flags("-ngld", gpu_layers[1])
         self.threads = threads
         self.rows: list[dict[str, Any]] = []
         self.error: Optional[str] = None
@@ -292,7 +303,8 @@ class Column:
     def command(self, setting: Setting) -> list[str]:
         cmd = [str(self.exe), "-m", str(self.target), *self.common]
         if setting.draft is not None:
-            cmd += ["-md", str(self.aux), "--spec-type", "draft-simple", "-td", str(self.threads), *setting.draft]
+            cmd += ["-md", str(self.aux), "--spec-type", "draft-simple", "-td", str(self.threads), *self.aux_flags]
+            cmd += setting.draft
         return cmd
 
     def probe(self) -> None:

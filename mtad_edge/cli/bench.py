@@ -47,6 +47,7 @@ from mtad_edge.cli.options import (
     sampling_options,
     write_out,
 )
+from mtad_edge.loader import aux_gpu_layers
 from mtad_edge.runtime.controller import Controller, Model
 from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 from mtad_edge.runtime.llama_cpp_backend import default_threads, uses_amx
@@ -286,6 +287,7 @@ def bench(
                 engine.n_ctx,
                 model.options.flash_attn,  # llama-server's own default (auto: on for a CPU) unless one is asked for
                 engine.amx,
+                gpu_layers=(model.options.n_gpu_layers, aux_gpu_layers(engine.pair, model.options)),
                 score=engine.score,
                 say=_say,
             )
