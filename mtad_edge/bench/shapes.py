@@ -52,6 +52,10 @@ SHAPES = {
     "smollm2-135m": Shape(576, 30, 9, 3, 1536, 49152, True, 100000.0, 8192),
     "llama-3.2-1b": Shape(2048, 16, 32, 8, 8192, 128256, True, 500000.0, 131072),
     "llama-3.1-8b": Shape(4096, 32, 32, 8, 14336, 128256, False, 500000.0, 131072),
+    "llama-3.1-70b": Shape(8192, 80, 64, 8, 28672, 128256, False, 500000.0, 131072),
+    # Qwen2.5's sizes in Llama's layout (its q/k/v biases left out: a vector add a layer, no weight traffic)
+    "qwen2.5-32b": Shape(5120, 64, 40, 8, 27648, 152064, False, 1000000.0, 32768),
+    "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, True, 1000000.0, 32768),
 }
 FILE_TYPES = {"f16": 1, "q4_0": 2, "q4_k_m": 15}  # llama.cpp's llama_ftype for general.file_type
 WEIGHT_STD = 0.02  # the usual initialisation's spread: embeddings, and the bytes kind's blocks
@@ -85,16 +89,18 @@ def _more_bits(layer: int, n_layer: int) -> bool:
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
-def tensor_type(name: str, ftype: str, n_layer: int, tied: bool) -> str:
-    """The ggml type of a 2-D tensor in a file of ``ftype`` (llama-quantize's choices for Q4_K_M)."""
+def tensor_type(name: str, ftype: str, n_layer: int, tied: bool, cols: int = 256) -> str:
+    """The ggml type of a 2-D tensor of rows ``cols`` long in a file of ``ftype`` (llama-quantize's
+    choices for Q4_K_M, with its fallbacks where a row is not whole 256-weight blocks: Qwen2.5-0.5B's 896)."""
     if ftype != "q4_k_m":
         return ftype
+    kind = "q4_k"
     if name == "output.weight" or (name == "token_embd.weight" and tied):  # a tied embedding is the output too
-        return "q6_k"
+        kind = "q6_k"
     parts = name.split(".")
     if len(parts) == 4 and parts[2] in ("attn_v", "ffn_down") and _more_bits(int(parts[1]), n_layer):
-        return "q6_k"
-    return "q4_k"
+        kind = "q6_k"
+    return kind if cols % 256 == 0 else {"q4_k": "q5_0", "q6_k": "q8_0"}[kind]
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
@@ -105,6 +111,8 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 # about WEIGHT_STD wide: (bytes per block, weights per block, fixed fields as (offset, bytes)).
 Q4_D = 2**-8  # Q4_0 / Q4_K: d * (q - 8), q in 0..15: a spread of ~0.018
 Q6_D = 2**-9  # Q6_K: d * (q - 32), q in 0..63: ~0.036
+Q5_D = 2**-9  # Q5_0: d * (q - 16), q in 0..31: ~0.018
+Q8_D = 2**-12  # Q8_0: d * q, q in -128..127: ~0.018
 
 
 def _f16(value: float) -> bytes:
@@ -116,6 +124,8 @@ _BLOCKS: dict[str, tuple[int, int, list[tuple[int, bytes]]]] = {
     "q4_0": (18, 32, [(0, _f16(Q4_D))]),
     "q4_k": (144, 256, [(0, _f16(Q4_D)), (2, _f16(Q4_D)), (4, _Q4K_SCALES)]),
     "q6_k": (210, 256, [(192, bytes([1] * 16)), (208, _f16(Q6_D))]),
+    "q5_0": (22, 32, [(0, _f16(Q5_D))]),
+    "q8_0": (34, 32, [(0, _f16(Q8_D))]),
 }
 
 
@@ -134,9 +144,7 @@ def _random_blocks(kind: str, shape: tuple[int, ...], rng: np.random.Generator) 
 def _qtype(kind: str) -> Any:
     from gguf import GGMLQuantizationType
 
-    return {"q4_0": GGMLQuantizationType.Q4_0, "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}[
-        kind
-    ]
+    return getattr(GGMLQuantizationType, kind.upper())
 
 
 def _vocabulary(vocab: Path) -> dict[str, Any]:
@@ -228,7 +236,7 @@ def write_model(shape: str, ftype: str, weights: str, vocab: Path, out: Path, se
         if len(dims) == 1:
             writer.add_tensor(name, np.ones(dims, dtype=np.float32))
             continue
-        kind = tensor_type(name, ftype, s.n_layer, s.tied)
+        kind = tensor_type(name, ftype, s.n_layer, s.tied, dims[-1])
         if weights == "bytes":
             writer.add_tensor(name, _random_blocks(kind, dims, rng), raw_dtype=_qtype(kind))
             continue
