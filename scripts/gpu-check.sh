@@ -4,12 +4,16 @@
 #                                    llama-cpp-python sdist pruned (no models, docs or tests), a GGUF
 #                                    holding only SmolLM2's tokenizer, and diskcache's wheel (~10 MB)
 #   scripts/gpu-check.sh build DIR   builds llama.cpp with CUDA from that sdist into DIR (the libraries,
-#                                    llama-bench, llama-speculative-simple): needs nvcc and cuBLAS (the
-#                                    toolkit's or pip's nvidia-cublas); ~5 min on 16 cores, ~40 on 2
+#                                    llama-bench, llama-speculative-simple: GPU_CHECK_TARGETS): needs nvcc
+#                                    and cuBLAS (the toolkit's or pip's nvidia-cublas); ~5 min on 16 cores,
+#                                    ~40 on 2 (GPU_CHECK_SDIST: another sdist; GPU_CHECK_CUDA=0: no CUDA)
 #   scripts/gpu-check.sh run [OUT]   on an NVIDIA machine, offline: builds (or takes GPU_CHECK_BIN, a
 #                                    DIR/bin built elsewhere), makes random-weight models of real
 #                                    shapes, runs tests/test_device.py on the GPU and times calls and
 #                                    plain decoding (scripts/gpu_costs.py); results in OUT (.gpu/out)
+#   scripts/gpu-check.sh table [OUT] the same setup; times 8B, 32B and 70B Q4_K_M targets against
+#                                    135M, 0.5B and 1B auxes, all on the GPU, and projects each pair
+#                                    from a bench's steps (GPU_CHECK_BENCH, else .gpu/bench.json): table.md
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 ver=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' "$repo/pyproject.toml")
@@ -19,14 +23,21 @@ src=$work/src/llama_cpp_python-$ver
 arch=${GPU_CHECK_ARCH:-90-real}  # H100/H200; no PTX: one compile pass per file
 big=${GPU_CHECK_TARGET:-llama-3.1-8b} small=${GPU_CHECK_AUX:-llama-3.2-1b}  # mtad_edge/bench/shapes.py
 reps=${GPU_CHECK_REPS:-9}
+targets=(${GPU_CHECK_TARGETS_TABLE:-llama-3.1-8b qwen2.5-32b llama-3.1-70b})  # the table's shapes
+auxes=(${GPU_CHECK_AUXES:-smollm2-135m qwen2.5-0.5b llama-3.2-1b})
 
 unpack() {
   mkdir -p "$work/src"
-  [[ -d $src ]] || tar xJf "$pack/llama_cpp_python-$ver.tar.xz" -C "$work/src"
+  [[ -d $src ]] || tar xJf "${GPU_CHECK_SDIST:-$pack/llama_cpp_python-$ver.tar.xz}" -C "$work/src"
 }
 
-cuda_root() {  # the toolkit nvcc belongs to
-  cd "$(dirname "$(readlink -f "$(command -v nvcc)")")/.." && pwd
+cuda_root() {  # the toolkit nvcc belongs to (CUDA_HOME, else nvcc's folder, else /usr/local/cuda:
+  local d      # a /usr/local/bin/nvcc that is a wrapper script has no toolkit around it)
+  for d in ${CUDA_HOME:-} "$(dirname "$(readlink -f "$(command -v nvcc)")")/.." /usr/local/cuda; do
+    [[ -n $d && -f $d/bin/nvcc && ( -f $d/include/cuda_runtime.h || -n $(ls "$d"/targets/*/include/cuda_runtime.h 2>/dev/null) ) ]] \
+      && { (cd "$d" && pwd); return 0; }
+  done
+  echo "no CUDA toolkit found (set CUDA_HOME)" >&2; return 1
 }
 
 toolkit_has_cublas() {  # in any of the toolkit's include folders
@@ -39,6 +50,12 @@ toolkit_has_cublas() {  # in any of the toolkit's include folders
 
 build() {  # build DIR: configure and build; cuBLAS from pip where the toolkit lacks it
   local dir=$1 extra="" toolkit hdr inc lib
+  if [[ ${GPU_CHECK_CUDA:-1} == 0 ]]; then  # the CPU rehearsal (scripts/gpu-run.sh dry-run): same targets, no CUDA
+    cmake -S "$src/vendor/llama.cpp" -B "$dir" $(command -v ninja >/dev/null && echo "-G Ninja") \
+      -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+    cmake --build "$dir" -j"$(nproc)" --target ${GPU_CHECK_TARGETS:-llama llama-bench llama-speculative-simple}
+    return
+  fi
   toolkit=$(cuda_root)
   if ! toolkit_has_cublas "$toolkit"; then
     hdr=$(python3 -c 'import glob, sys
@@ -56,7 +73,7 @@ print(next(iter(h for r in sys.path for h in sorted(glob.glob(r + "/nvidia/*/inc
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DGGML_CUDA_NO_VMM=ON -DGGML_NATIVE=OFF \
     -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON $extra
-  cmake --build "$dir" -j"$(nproc)" --target llama llama-bench llama-speculative-simple
+  cmake --build "$dir" -j"$(nproc)" --target ${GPU_CHECK_TARGETS:-llama llama-bench llama-speculative-simple}
 }
 
 case ${1:-} in
@@ -76,15 +93,17 @@ pack)
   target=$("$py" -c 'from mtad_edge.pairs import load_manifest, prepare; print(prepare(load_manifest("smollm2-135m")).target)')
   "$py" -m mtad_edge.bench.shapes vocab "$target" "$pack/vocab.gguf"
   "$py" -m pip download -q --no-deps --only-binary :all: diskcache -d "$pack/wheels"
+  [[ -z ${GPU_CHECK_BENCH:-} ]] || cp "$GPU_CHECK_BENCH" "$pack/bench.json"  # the steps `table` prices
   du -sh "$pack"/*
   exit 0 ;;
 build)
   [[ -n ${2:-} ]] || { echo "usage: $0 build DIR" >&2; exit 2; }
   unpack && build "$2"
   exit 0 ;;
-run) ;;
-*) echo "usage: $0 pack | build DIR | run [OUT]" >&2; exit 2 ;;
+run | table) ;;
+*) echo "usage: $0 pack | build DIR | run [OUT] | table [OUT]" >&2; exit 2 ;;
 esac
+mode=$1
 
 out=$(mkdir -p "${2:-$pack/out}" && cd "${2:-$pack/out}" && pwd)
 unpack
@@ -102,7 +121,9 @@ ln -sfn "$src/llama_cpp" "$site/llama_cpp"
 python3 -c 'import diskcache' 2>/dev/null || (cd "$site" && python3 -m zipfile -e "$pack"/wheels/diskcache-*.whl .)
 export PYTHONPATH=$site:$src/vendor/llama.cpp/gguf-py MTAD_EDGE_VOCAB_GGUF=$pack/vocab.gguf
 # -P: the checkout's mtad_edge/ is not the installed layout (runtime/ sits beside it)
-for spec in "$big q4_k_m" "$small q4_k_m" "$big q4_0" "$small q4_0"; do
+specs=("$big q4_k_m" "$small q4_k_m" "$big q4_0" "$small q4_0")
+[[ $mode == table ]] && specs=("${auxes[@]/%/ q4_k_m}")  # the targets are made one at a time (disk)
+for spec in "${specs[@]}"; do
   set -- $spec
   [[ -f $m/$1-$2.gguf ]] || python3 -P -m mtad_edge.bench.shapes model "$1" "$2" "$m/$1-$2.gguf" \
     --vocab "$pack/vocab.gguf" --weights bytes
@@ -122,14 +143,26 @@ wait "$models" || { cat "$out/models.log"; exit 1; }
 # llama.cpp's library first, then numpy: the order llama-cpp-python itself loads them in
 first="import llama_cpp, runpy, sys"
 set +e
-(cd "$repo" && timeout 150 python3 -P -c "$first; import pytest
+[[ $mode == run ]] && (cd "$repo" && timeout 150 python3 -P -c "$first; import pytest
 sys.exit(pytest.main(['tests/test_device.py', '-q', '-s', '-p', 'no:cacheprovider']))" 2>&1) \
   | grep -v "^llama\|^load\|^print_info" > "$out/tests.log"
 costs() {
-  timeout 150 python3 -P -c "$first; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" \
+  timeout 300 python3 -P -c "$first; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" \
     "$repo/scripts/gpu_costs.py" measure "$@" --reps "$reps" --threads "$(nproc)" --llama-bench "$bin" 2>&1 \
     | grep -v "^llama\|^load\|^print_info\|^ggml\|^\.\|^$" | tail -12
 }
+if [[ $mode == table ]]; then  # every target shape against every aux shape, Q4_K_M, all on the GPU
+  for t in "${targets[@]}"; do
+    python3 -P -m mtad_edge.bench.shapes model "$t" q4_k_m "$m/$t-q4_k_m.gguf" --vocab "$pack/vocab.gguf" \
+      --weights bytes >> "$out/models.log" 2>&1 || { tail -3 "$out/models.log"; exit 1; }
+    afiles=() && for a in "${auxes[@]}"; do afiles+=("$m/$a-q4_k_m.gguf"); done
+    costs "$m/$t-q4_k_m.gguf" --aux "${afiles[@]}" --out "$out/costs-$t.json" | head -3
+    rm -f "$m/$t-q4_k_m.gguf"
+  done
+  bench=${GPU_CHECK_BENCH:-$pack/bench.json}
+  python3 "$repo/scripts/gpu_costs.py" table "$out"/costs-*.json --bench "$bench" | tee "$out/table.md"
+  exit 0
+fi
 costs "$m/$big-q4_k_m.gguf" --aux "$m/$small-q4_k_m.gguf" --aux-ngl -1 0 --out "$out/costs-q4_k_m.json" >/dev/null
 costs "$m/$big-q4_0.gguf" --aux "$m/$small-q4_0.gguf" --aux-ngl -1 0 --out "$out/costs-q4_0.json" >/dev/null
 echo "== $SECONDS s"

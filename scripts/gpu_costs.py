@@ -5,7 +5,8 @@ MMTAD's tree batches (width 4, gamma 4) and, for an aux GGUF, of 1..4 beams; the
 decoding's tok/s (T=0 and T=1) against llama.cpp's own llama-bench on the same file, with NVML
 joules per token. ``project``: from such costs and a `mtad-edge bench` results.json (its
 acceptance, draft lengths and widths per step, measured elsewhere), the tok/s each method would
-reach with those costs: a projection, labelled as one. Run by scripts/gpu-check.sh.
+reach with those costs: a projection, labelled as one; ``table``: that for every target and aux
+shape measured (the ratio table of docs/gpu.md). Run by scripts/gpu-check.sh.
 """
 
 from __future__ import annotations
@@ -122,11 +123,14 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         result["llama_bench"] = llama_bench(a.llama_bench, a.target, GENERATE, a.threads, PREFIX, flash)
         ours = result["ar"][0]["tokens_per_s"]
         result["ar_over_llama_bench"] = ours / result["llama_bench"]["tokens_per_s"]
-    for layers in sorted(set(a.aux_ngl)) if a.aux else ():
-        acfg = LlamaCppConfig(n_ctx=1024, n_seq_max=WIDTH + 1, n_threads=a.threads, n_gpu_layers=layers)
-        with LlamaCppBackend(a.aux, acfg) as m:
-            beams = row_costs(m, AUX_BEAMS, True, a.reps)
-            result.setdefault("aux", {})[str(layers)] = {"path": str(a.aux), "beams": beams}
+    for i, aux in enumerate(a.aux or ()):  # "aux" holds the first (what project reads), "auxes" every one by name
+        for layers in sorted(set(a.aux_ngl)) if i == 0 else [-1]:
+            acfg = LlamaCppConfig(n_ctx=1024, n_seq_max=WIDTH + 1, n_threads=a.threads, n_gpu_layers=layers)
+            with LlamaCppBackend(aux, acfg) as m:
+                found = {"path": str(aux), "beams": row_costs(m, AUX_BEAMS, True, a.reps)}
+            if i == 0:
+                result.setdefault("aux", {})[str(layers)] = found
+            result.setdefault("auxes", {}).setdefault(aux.stem, {})[str(layers)] = found
     return result
 
 
@@ -177,6 +181,27 @@ def project(costs: dict[str, Any], bench: dict[str, Any], aux_layers: str) -> di
     return out
 
 
+def table(paths: list[Path], bench: dict[str, Any], methods: tuple[str, ...] = ("sd", "mtad", "mmtad")) -> str:
+    """For every target (a costs file) and every aux measured beside it on the GPU: each method's
+    projected tok/s over ar's, ``bench``'s steps priced at that pair's costs (a projection: the
+    acceptance is the bench's, not that pair's own)."""
+    lines = [
+        "| target | aux | aux step / target step | ar tok/s | " + " | ".join(f"{m} x ar" for m in methods) + " |",
+        "|---|---|---|---|" + "---|" * len(methods),
+    ]
+    for path in paths:
+        c = json.loads(path.read_text())
+        one = float(c["target_rows"]["call_ms"]["1"])
+        for name, placed in (c.get("auxes") or {}).items():
+            aux = placed.get("-1") or next(iter(placed.values()))  # on the GPU where it was measured there
+            proj = project({**c, "aux": {"-1": aux}}, bench, "-1")
+            ratio = float(aux["beams"]["call_ms"]["1"]) / one
+            cells = " | ".join(f"{proj[m]['x_ar']:.2f}" if m in proj else "–" for m in methods)
+            ar = proj["ar"]["tokens_per_s"]
+            lines.append(f"| {Path(c['target']).stem} | {name} | {ratio:.2f} | {ar:.1f} | {cells} |")
+    return "\n".join(lines)
+
+
 def summary(paths: list[Path]) -> None:
     """One short table per costs file (the device run's last lines)."""
     for path in paths:
@@ -204,7 +229,7 @@ def main() -> None:
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure")
     m.add_argument("target", type=Path)
-    m.add_argument("--aux", type=Path)
+    m.add_argument("--aux", type=Path, nargs="*", help="aux GGUFs: the first on every --aux-ngl, the others on the GPU")
     m.add_argument("--ngl", type=int, default=-1)
     m.add_argument("--aux-ngl", type=int, nargs="+", default=[-1])
     m.add_argument("--threads", type=int, default=8)
@@ -216,9 +241,14 @@ def main() -> None:
     j.add_argument("bench", type=Path, help="a `mtad-edge bench` results.json")
     j.add_argument("--aux-layers", default="-1")
     sub.add_parser("summary").add_argument("costs", type=Path, nargs="+")
+    t = sub.add_parser("table", help="projected speed-up of each target/aux shape pair")
+    t.add_argument("costs", type=Path, nargs="+")
+    t.add_argument("--bench", type=Path, required=True, help="a `mtad-edge bench` results.json: its steps")
     a = p.parse_args()
     if a.command == "summary":
         summary(a.costs)
+    elif a.command == "table":
+        print(table(a.costs, json.loads(a.bench.read_text())))
     elif a.command == "measure":
         result = measure(a)
         a.out.write_text(json.dumps(result, indent=1))
