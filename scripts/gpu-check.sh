@@ -6,7 +6,8 @@
 #   scripts/gpu-check.sh build DIR   builds llama.cpp with CUDA from that sdist into DIR (the libraries,
 #                                    llama-bench, llama-speculative-simple: GPU_CHECK_TARGETS): needs nvcc
 #                                    and cuBLAS (the toolkit's or pip's nvidia-cublas); ~5 min on 16 cores,
-#                                    ~40 on 2 (GPU_CHECK_SDIST: another sdist; GPU_CHECK_CUDA=0: no CUDA)
+#                                    ~40 on 2 (GPU_CHECK_SDIST: another sdist; GPU_CHECK_CUDA=0: no CUDA;
+#                                    GPU_CHECK_AVX512=0: AVX2 only, for gpu-run.sh's GPU_RUN_PREBUILT)
 #   scripts/gpu-check.sh run [OUT]   on an NVIDIA machine, offline: builds (or takes GPU_CHECK_BIN, a
 #                                    DIR/bin built elsewhere), makes random-weight models of real
 #                                    shapes, runs tests/test_device.py on the GPU and times calls and
@@ -49,7 +50,8 @@ toolkit_has_cublas() {  # in any of the toolkit's include folders
 }
 
 build() {  # build DIR: configure and build; cuBLAS from pip where the toolkit lacks it
-  local dir=$1 extra="" toolkit hdr inc lib
+  local dir=$1 extra="" toolkit hdr inc lib avx512=ON
+  [[ ${GPU_CHECK_AVX512:-1} == 1 ]] || avx512=OFF  # a library to carry to a machine whose CPU is not known
   if [[ ${GPU_CHECK_CUDA:-1} == 0 ]]; then  # the CPU rehearsal (scripts/gpu-run.sh dry-run): same targets, no CUDA
     cmake -S "$src/vendor/llama.cpp" -B "$dir" $(command -v ninja >/dev/null && echo "-G Ninja") \
       -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
@@ -72,7 +74,7 @@ print(next(iter(h for r in sys.path for h in sorted(glob.glob(r + "/nvidia/*/inc
   cmake -S "$src/vendor/llama.cpp" -B "$dir" $(command -v ninja >/dev/null && echo "-G Ninja") \
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DGGML_CUDA_NO_VMM=ON -DGGML_NATIVE=OFF \
-    -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON $extra
+    -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=$avx512 -DGGML_AVX512_VNNI=$avx512 $extra
   cmake --build "$dir" -j"$(nproc)" --target ${GPU_CHECK_TARGETS:-llama llama-bench llama-speculative-simple}
 }
 

@@ -47,7 +47,6 @@ print(pathlib.Path(importlib.util.find_spec(m["module"]).submodule_search_locati
     tar cJf "$g/blob/bin.tar.xz" -C "$GPU_RUN_PREBUILT/bin" $(cd "$GPU_RUN_PREBUILT/bin" && ls ./*.so* llama-server llama-bench 2>/dev/null)
     tmp=$(mktemp -d) && tar xJf "$sdist" -C "$tmp" "llama_cpp_python-$ver/llama_cpp" "llama_cpp_python-$ver/vendor/llama.cpp/gguf-py/gguf"
     tar cJf "$g/blob/llama_cpp.tar.xz" -C "$tmp/llama_cpp_python-$ver" llama_cpp -C vendor/llama.cpp/gguf-py gguf && rm -rf "$tmp"
-    grep -q avx512f /proc/cpuinfo 2>/dev/null && echo yes > "$g/blob/bin.avx512" || true
     grep -q -- "-DGGML_AVX512=ON" "$GPU_RUN_PREBUILT/CMakeCache.txt" 2>/dev/null && echo avx512f > "$g/blob/bin.needs" || true
   else
     cp "$sdist" "$g/call1/"
