@@ -162,7 +162,7 @@ print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r
   me models prepare smollm2-135m
   echo "call2: the default pair derived ($((SECONDS - t0)) s)"
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 || echo 0)
-  mkdir -p "$park/runs" && rm -f "$OUT/summary.md"
+  mkdir -p "$park/runs"
   last=${last:-150}  # seconds the last bench took; the first is guessed
   for k in $factors; do
     need=$((k * k * 217 * 22 / 10))  # MiB: x1's F16 is 217 MiB; ours and llama-server's copies, their caches
@@ -177,10 +177,16 @@ print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r
     fi
     [[ $dry == 1 ]] || rm -rf "$w"  # disk: x8 and x12 together are 47 GB
   done
-  for k in "$park"/runs/*/; do [[ -d $k ]] && summary "$k"; done
-  tar czf "$OUT/runs.tar.gz" -C "$park" runs
+  collect
   echo "call2: $((SECONDS - t0)) s; results in runs.tar.gz, summary.md, call2.log"
   cat "$OUT/summary.md"
+}
+
+collect() {  # what comes back, remade after every bench (a call killed at its limit still brings it)
+  local k
+  rm -f "$OUT/summary.md"
+  for k in "$park"/runs/*/; do [[ -d $k ]] && summary "$k"; done
+  tar czf "$OUT/runs.tar.gz" -C "$park" runs
 }
 
 bench_once() {  # NAME STANDIN ARGS...: one bench unless done; false when the call's time is too short for it
@@ -200,6 +206,7 @@ bench_once() {  # NAME STANDIN ARGS...: one bench unless done; false when the ca
     "$@" --out "$park/runs/$name" > "$park/runs/$name.log" 2>&1 || echo "call2: $name failed: $(tail -1 "$park/runs/$name.log")"
   last=$((SECONDS - b))
   echo "call2: $name benched ($last s)"
+  collect
 }
 
 summary() {  # a bench's tables (speed, where the time goes, llama-server's rows), appended to summary.md
