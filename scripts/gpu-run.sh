@@ -184,7 +184,7 @@ print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r
 
 collect() {  # what comes back, remade after every bench (a call killed at its limit still brings it)
   local k
-  rm -f "$OUT/summary.md"
+  echo "# gpu-run: $(ls -d "$park"/runs/*/ 2>/dev/null | wc -l) benches done ($(date -u +%FT%TZ))" > "$OUT/summary.md"
   for k in "$park"/runs/*/; do [[ -d $k ]] && summary "$k"; done
   tar czf "$OUT/runs.tar.gz" -C "$park" runs
 }
