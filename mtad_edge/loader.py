@@ -80,11 +80,13 @@ def load_backend(
     spin: bool = True,
     positions: Optional[int] = None,
     rpc: Optional[Placement] = None,
+    one_row: bool = False,
 ) -> Backend:
     """A Backend for one model file: LlamaCppBackend for GGUF, OrtBackend for ONNX. ``spin``:
     ONNX Runtime's idle threads may spin-wait (only for a model loaded alone, see OrtConfig.spin).
     ``positions``: the committed tokens of ``n_ctx``, bounded by the model's trained context.
-    ``rpc``: the rpc servers' devices its layers go to (a llama.cpp model; the caller closes it)."""
+    ``rpc``: the rpc servers' devices its layers go to (a llama.cpp model; the caller closes it).
+    ``one_row``: a model called mostly a row at a time (the aux; LlamaCppConfig.one_row)."""
     if _backend_for(path, opts.backend) == "onnx":
         from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
 
@@ -112,6 +114,7 @@ def load_backend(
             amx_store=StoredAmxCrashes(),
             model_facts=StoredModelFacts(),
             rpc=rpc,
+            one_row=one_row,
         ),
     )
 
@@ -339,7 +342,13 @@ def open_pair(
         layers = aux_gpu_layers(pair, opts)  # an ONNX aux ignores it, as it does n_gpu_layers
         aux_opts = opts if layers is None else replace(opts, n_gpu_layers=layers)
         aux = load_backend(  # the aux stays on this machine: no rpc
-            Path(aux_path), n_ctx + layout.aux_cells, layout.aux_seqs, aux_opts, spin=False, positions=n_ctx
+            Path(aux_path),
+            n_ctx + layout.aux_cells,
+            layout.aux_seqs,
+            aux_opts,
+            spin=False,
+            positions=n_ctx,
+            one_row=True,
         )
         loaded.insert(0, aux)
         vocab = pair_vocabulary(target, aux, (Path(target_path), Path(aux_path)), opts.vocab_mismatch, say)

@@ -45,30 +45,34 @@ class VerdictStore(Protocol):
     def record_crash(self, types: tuple[int, ...]) -> None: ...
 
 
-def amx_works(path: str | os.PathLike[str], header: Optional[Header], store: Optional[VerdictStore] = None) -> bool:
-    """Whether the model at ``path`` holds weights AMX multiplies and a child decoded with them
-    (``store``: crashes of earlier processes, which are not asked again)."""
+def amx_works(
+    path: str | os.PathLike[str], header: Optional[Header], store: Optional[VerdictStore] = None, rows: int = PROBE_ROWS
+) -> bool:
+    """Whether the model at ``path`` holds weights AMX multiplies and a child decoded ``rows``
+    tokens with them in one call (``store``: tile crashes of earlier processes, which are not asked
+    again; ``rows`` 1 asks for the one-row kernel alone, where the tiles crash)."""
     if not amx_kinds(header):
         return False
     assert header is not None  # amx_kinds() names nothing without one
     types = tuple(sorted({t.type for t in header.tensors.values()}))
-    return _works(types, str(path), store)
+    return _works(types, str(path), store if rows == PROBE_ROWS else None, rows)
 
 
-_VERDICTS: dict[tuple[int, ...], bool] = {}  # by the set of weight types a model holds
+_VERDICTS: dict[tuple[tuple[int, ...], int], bool] = {}  # by the set of weight types a model holds, and rows
 
 
-def _works(types: tuple[int, ...], path: str, store: Optional[VerdictStore]) -> bool:
-    """One verdict per set of weight types (``path``: the first model with it)."""
-    if types not in _VERDICTS:
+def _works(types: tuple[int, ...], path: str, store: Optional[VerdictStore], rows: int = PROBE_ROWS) -> bool:
+    """One verdict per set of weight types and rows (``path``: the first model with it)."""
+    key = (types, rows)
+    if key not in _VERDICTS:
         if not can_spawn_python() or (store is not None and store.crashed(types)):
-            _VERDICTS[types] = False
+            _VERDICTS[key] = False
         else:
-            rc = exit_status([sys.executable, "-m", PROBE_MODULE, path], PROBE_TIMEOUT_S)
-            _VERDICTS[types] = rc == 0
+            rc = exit_status([sys.executable, "-m", PROBE_MODULE, str(rows), path], PROBE_TIMEOUT_S)
+            _VERDICTS[key] = rc == 0
             if rc is not None and -rc in CRASH_SIGNALS and store is not None:
                 store.record_crash(types)
-    return _VERDICTS[types]
+    return _VERDICTS[key]
 
 
 def can_spawn_python() -> bool:
@@ -141,9 +145,9 @@ def no_core_dump() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def _child(path: str) -> int:
-    """Load the kinds probed_kinds() names into AMX's buffer and decode PROBE_ROWS tokens in
-    one call (0: it ran). llama.cpp's log goes to stderr, which the parent keeps to itself."""
+def _child(path: str, rows: int = PROBE_ROWS) -> int:
+    """Load the kinds probed_kinds() names into AMX's buffer and decode ``rows`` tokens in one
+    call (0: it ran). llama.cpp's log goes to stderr, which the parent keeps to itself."""
     import ctypes
 
     no_core_dump()
@@ -163,11 +167,13 @@ def _child(path: str) -> int:
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
         return 4
-    tokens = (llama_cpp.llama_token * PROBE_ROWS)(*range(1, PROBE_ROWS + 1))
+    rows = max(1, min(rows, PROBE_CTX))
+    tokens = (llama_cpp.llama_token * rows)(*range(1, rows + 1))
     first = ctypes.cast(tokens, ctypes.POINTER(llama_cpp.llama_token))
-    rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(first, PROBE_ROWS))
+    rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(first, rows))
     return 0 if rc == 0 else 5
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))
+    # argv: [ROWS] PATH
+    sys.exit(_child(sys.argv[-1], int(sys.argv[1]) if len(sys.argv) > 2 and sys.argv[1].isdigit() else PROBE_ROWS))

@@ -66,6 +66,9 @@ class LlamaCppConfig:
     flash_attn: Optional[bool] = None  # None: flash_attention() decides
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
     amx_store: Optional[VerdictStore] = None  # AMX children that crashed in earlier processes (runtime/amx.py)
+    # Called mostly a row at a time (the aux): where this build's AMX tiles crash but its one-row
+    # kernel runs, quantized matrices go to AMX and every call is made one row at a time.
+    one_row: bool = False
     model_facts: Optional[ModelFacts] = None  # what earlier processes derived about the file (runtime/guard.py)
     # rpc servers' devices for the layers (runtime/rpc.py); the loader owns it and closes it after the model
     rpc: Optional[Placement] = None
@@ -242,16 +245,20 @@ class LlamaCppBackend:
         amx = uses_amx()
         cpu_alone = config.n_gpu_layers == 0 or not (self._rpc is not None or gpu_offload())
         tiles = False
+        self.one_row = False  # every call made one row at a time (AMX's one-row kernel, not its tiles)
         if amx and cpu_alone:
             # on the CPU alone: an override would also keep offloaded layers' weights off the GPU
             header = read_header(self.path)
             tiles = amx_works(self.path, header, config.amx_store)
-            self._overrides = Overrides(llama_cpp, placements(header, amx=tiles))
+            # A row at a time AMX's VNNI kernel runs even where the tiles crash, at about half the
+            # repacked kernels' time per row (several rows a call cost that many calls).
+            self.one_row = not tiles and config.one_row and amx_works(self.path, header, None, 1)
+            self._overrides = Overrides(llama_cpp, placements(header, amx=tiles or self.one_row))
             if self._overrides.pointer is not None:
                 mparams.tensor_buft_overrides = self._overrides.pointer
                 self.repacked = self._overrides.named.get(REPACK_BUFFER, 0)
-            self.amx = len(amx_kinds(header)) if tiles else 0
-        if amx and not tiles:
+            self.amx = len(amx_kinds(header)) if tiles or self.one_row else 0
+        if amx and not (tiles or self.one_row):  # (with them off, AMX's buffer takes no override)
             mparams.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
@@ -443,6 +450,8 @@ class LlamaCppBackend:
         buf = self._batch
         if buf is None:
             raise MtadEdgeError(f"{self.path.name} was closed")
+        if self.one_row and len(batch) > 1:
+            return self._decode_rows(batch, n_out)
         for lo in range(0, len(batch), self.n_batch):
             hi = min(lo + self.n_batch, len(batch))
             if n_out and lo + self.n_batch < len(batch) and any(batch.logits[lo:hi]):
@@ -476,6 +485,20 @@ class LlamaCppBackend:
             view.flags.writeable = False  # llama.cpp's buffer: valid until the next decode
             self._views[key] = view
         return view
+
+    def _decode_rows(self, batch: Batch, n_out: int) -> np.ndarray:
+        """``decode`` one row per call (``one_row``), each output row copied as it comes: the
+        same logits as one call, since a row attends only to rows before it."""
+        out = np.empty((n_out, self.n_vocab), dtype=np.float32)
+        j = 0
+        for i in range(len(batch)):
+            row = Batch()
+            row.add(batch.tokens[i], batch.pos[i], tuple(batch.seq_ids[i]), batch.logits[i])
+            logits = self.decode(row)
+            if batch.logits[i]:
+                out[j] = logits[0]
+                j += 1
+        return out
 
     def held(self, seq: int) -> list[int]:
         return self._history.get(seq, [])

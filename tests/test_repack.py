@@ -348,3 +348,84 @@ def test_on_amx_machines_the_q4_0_aux_runs_repacked_and_drafts_the_same_distribu
     kl = float((np.exp(p) * (p - q)).sum(-1).mean())
     assert kl < 0.02, kl  # measured 0.004; the Q4_0 aux is 0.48 nats from its F16 target: this is rounding
     assert (reference.argmax(-1) == repacked.argmax(-1)).mean() > 0.85
+
+
+def test_the_one_row_probe_asks_its_own_child_and_keeps_nothing(monkeypatch):
+    """Where the tiles crash, a child asked for one row tells whether AMX's one-row kernel runs
+    (LlamaCppConfig.one_row): a verdict of its own, never read from or written to the store,
+    whose crashes are the tiles'."""
+    from mtad_edge.runtime import amx
+
+    asked: list[list[str]] = []
+
+    def child(cmd, timeout):
+        asked.append(cmd[3:])
+        return -4 if cmd[3] == str(amx.PROBE_ROWS) else 0  # the tiles die, one row runs
+
+    monkeypatch.setattr(amx, "exit_status", child)
+    monkeypatch.setattr(amx, "_VERDICTS", {})
+    kept = Crashes()
+    assert amx._works((2,), "m", kept) is False and kept.kept == {(2,)}
+    assert amx._works((2,), "m", None, 1) is True
+    assert amx._works((2,), "m", None, 1) is True  # one verdict per process
+    assert asked == [[str(amx.PROBE_ROWS), "m"], ["1", "m"]]
+
+
+def test_a_backend_called_one_row_at_a_time_gives_one_calls_logits(smol_files):
+    """``one_row`` splits every call into calls of one row (AMX's one-row kernel where its tiles
+    crash): a prompt with logits for every row, then beams on two sequences at one position, give
+    the logits and the cache one call gives, on any machine (the split is forced here)."""
+    from mtad_edge.runtime import llama_cpp_backend as lb
+    from mtad_edge.runtime.backend import Batch
+
+    aux = lb.LlamaCppBackend(smol_files.aux, lb.LlamaCppConfig(n_ctx=256, n_seq_max=3, n_threads=2))
+    try:
+        tokens = aux.tokenize("The history of the Roman Empire begins with the founding of")
+        n = len(tokens)
+        seen = []
+        for split in (False, True):
+            aux.clear()
+            aux.one_row = split
+            prompt = aux.decode(Batch.run(tokens, 0, logits="all")).copy()
+            for s in (1, 2):
+                aux.copy_seq(0, s)
+            beams = aux.decode(Batch().add(tokens[3], n, (1,), True).add(tokens[5], n, (2,), True)).copy()
+            seen.append((prompt, beams, aux.held(1), aux.held(2)))
+        (p0, b0, h10, h20), (p1, b1, h11, h21) = seen
+        assert p0.shape == p1.shape == (n, aux.n_vocab) and b0.shape == b1.shape == (2, aux.n_vocab)
+        assert np.abs(p0 - p1).max() < 1e-3 and np.abs(b0 - b1).max() < 1e-3
+        assert (b1[0].argmax(), b1[1].argmax()) == (b0[0].argmax(), b0[1].argmax())
+        assert h10 == h11 == [*tokens, tokens[3]] and h20 == h21 == [*tokens, tokens[5]]
+    finally:
+        aux.close()
+
+
+@pytest.mark.slow
+def test_on_amx_machines_an_aux_whose_tiles_crash_runs_amx_one_row_at_a_time(smol_files):
+    """The default pair's Q4_0 aux loaded as the loader loads an aux: to AMX, one row a call,
+    where the tiles crash and the one-row child ran; to AMX whole where the tiles run; logits of
+    the same weights as the repacked load."""
+    from mtad_edge.runtime import amx as amx_probe
+    from mtad_edge.runtime import llama_cpp_backend as lb
+    from mtad_edge.runtime.backend import Batch
+    from mtad_edge.runtime.gguf_header import read_header
+
+    if not lb.uses_amx():
+        pytest.skip("no AMX on this CPU")
+    header = read_header(smol_files.aux)
+    tiles = amx_probe.amx_works(smol_files.aux, header)
+    one = amx_probe.amx_works(smol_files.aux, header, None, 1)
+    got = []
+    for one_row in (False, True):
+        aux = lb.LlamaCppBackend(smol_files.aux, lb.LlamaCppConfig(n_ctx=256, n_threads=2, one_row=one_row))
+        try:
+            got.append((aux.one_row, aux.amx, aux.repacked))
+            tokens = aux.tokenize("The history of the Roman Empire begins with the founding of the city")
+            got[-1] += (aux.decode(Batch.run(tokens, 0, logits="all")).copy(),)
+        finally:
+            aux.close()
+    (r_one, r_amx, r_rep, r_logits), (o_one, o_amx, o_rep, o_logits) = got
+    assert not r_one and (r_amx > 0) == tiles and (r_rep > 0) == (not tiles)
+    assert o_one == (one and not tiles) and (o_amx > 0) == (tiles or one)
+    p, q = (o_logits - o_logits.max(-1, keepdims=True)), (r_logits - r_logits.max(-1, keepdims=True))
+    assert (p.argmax(-1) == q.argmax(-1)).mean() > 0.85
