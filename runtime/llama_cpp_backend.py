@@ -258,7 +258,7 @@ class LlamaCppBackend:
                 mparams.tensor_buft_overrides = self._overrides.pointer
                 self.repacked = self._overrides.named.get(REPACK_BUFFER, 0)
             self.amx = len(amx_kinds(header)) if tiles or self.one_row else 0
-        if amx and not (tiles or self.one_row):  # (with them off, AMX's buffer takes no override)
+        if amx and not (tiles or self.one_row):  # (with them off, AMX-named weights ran no faster than plain)
             mparams.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
