@@ -74,7 +74,7 @@ facts() {  # the machine, for every table
 call1() {  # park, then build in a session of its own
   local t0=$SECONDS
   mkdir -p "$park" "$OUT"
-  cp "$repo"/.gpu/call1/* "$park/"
+  [[ -f $park/part1 && ! -d $repo/.gpu/call1 ]] || cp "$repo"/.gpu/call1/* "$park/"  # again, nothing carried: parked
   facts > "$OUT/device.txt" && cat "$OUT/device.txt"
   (cd "$park" && sha256sum -c --quiet part1.sha256) || { echo "call1: part1 arrived damaged" >&2; exit 1; }
   if [[ -n ${GPU_RUN_BIN:-} || ! -f $park/llama_cpp_python-$ver.tar.xz ]]; then
@@ -82,12 +82,13 @@ call1() {  # park, then build in a session of its own
     return 0
   fi
   rm -f "$park/build.done" "$park/build.failed"
-  cp "$repo/scripts/gpu-check.sh" "$park/gpu-check.sh"  # the next call's transfer may rewrite the checkout's copy
+  # the next call's transfer may rewrite the checkout's copy; gpu-check.sh reads ../pyproject.toml
+  mkdir -p "$park/scripts" && cp "$repo/scripts/gpu-check.sh" "$park/scripts/" && cp "$repo/pyproject.toml" "$park/"
   local cuda=1; [[ $dry == 1 ]] && cuda=0
   GPU_CHECK_WORK=$park GPU_CHECK_SDIST=$park/llama_cpp_python-$ver.tar.xz GPU_CHECK_CUDA=$cuda \
     GPU_CHECK_TARGETS="llama llama-server llama-bench" setsid nohup bash -c \
     '"$0" build "$1" > "$2/build.log" 2>&1 && touch "$2/build.done" || touch "$2/build.failed"' \
-    "$park/gpu-check.sh" "$park/build" "$park" < /dev/null > /dev/null 2>&1 &
+    "$park/scripts/gpu-check.sh" "$park/build" "$park" < /dev/null > /dev/null 2>&1 &
   echo "call1: parked in $park, build started in its own session ($((SECONDS - t0)) s); call2 next, at once"
 }
 
