@@ -27,6 +27,7 @@ set attributes that no handler reads.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -97,10 +98,10 @@ class Interrupts:
     def finish(self, code: int) -> NoReturn:
         """End the process: ``code``, or 128 + the first signal received (even one that arrives
         now: both are blocked first and pending ones counted). With ``hard_exit`` (set by the
-        commands that own native models, once they have freed them and flushed their output)
-        the process ends with os._exit, without an interpreter finalization in which a late
-        signal or a native destructor could still misbehave; none of those commands registers
-        atexit work."""
+        commands that own native models, once they have freed them and flushed their output),
+        or wherever llama.cpp was loaded, the process runs Python's atexit work and ends with
+        os._exit, without an interpreter finalization in which a late signal or a native
+        destructor could still misbehave."""
         if self.installed and hasattr(signal, "pthread_sigmask"):
             signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
             self.received += sorted(signal.sigpending() & set(SIGNALS))
@@ -111,7 +112,13 @@ class Interrupts:
             except Exception:  # a closed pipe or a full disk cannot change the exit status, nor print
                 with contextlib.suppress(Exception):  # a traceback as the interpreter flushes it again
                     os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-        if self.hard_exit:
+        if self.hard_exit or "llama_cpp" in sys.modules:
+            # a process that loaded llama.cpp skips native finalization: on CUDA its exit segfaulted
+            # (exit 139 after a bench's report, models closed); Python's own exit work still runs
+            atexit._run_exitfuncs()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
             os._exit(final)
         sys.exit(final)
 

@@ -215,3 +215,28 @@ def test_a_read_only_model_cache_is_an_error_naming_it(tmp_path):
     if "Error:" not in r.stderr and ("unshare:" in r.stderr or "mount:" in r.stderr):
         pytest.skip(f"cannot mount a read-only file system here: {r.stderr.strip()}")
     one_line_error(r, f"cannot write the model cache {ro / 'cache' / 'smollm2-135m'}: Read-only file system")
+
+
+# A console-script process that loaded llama.cpp: a native object left for finalization (as CUDA's
+# were: exit 139 after a bench's report on an H200) and Python's own exit work registered.
+LOADED_THEN_EXITS = (
+    "import atexit, sys, llama_cpp\n"
+    "class Native:\n"
+    "    def __del__(self): print('finalized', flush=True)\n"
+    "kept = Native()\n"
+    "atexit.register(lambda: print('atexit ran', flush=True))\n"
+    "sys.argv = ['mtad-edge', *sys.argv[1:]]\n"
+    "from mtad_edge.console import main\n"
+    "main()\n"
+)
+
+
+@pytest.mark.parametrize("args, code", [(["--version"], 0), (["generate", "--max-tokens", "0", "x"], 2)])
+def test_a_process_that_loaded_llama_cpp_ends_without_native_finalization(args, code):
+    """The exit status is the command's, atexit work runs, and nothing is finalized after it."""
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", LOADED_THEN_EXITS, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert "atexit ran" in proc.stdout and "finalized" not in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr
