@@ -165,6 +165,21 @@ costs() {
     | grep -v "^llama\|^load\|^print_info\|^ggml\|^\.\|^$" | tail -12
 }
 if [[ $mode == table ]]; then  # every target shape against every aux shape, Q4_K_M, all on the GPU
+  # first the smallest aux as a model of its own, with CUDA graphs and without (what a call costs
+  # when its shape repeats, and in drafting's order): graphs-on.json, graphs-off.json
+  a=$m/${auxes[0]}-q4_k_m.gguf
+  costs "$a" --aux "$a" --out "$out/graphs-on.json" | grep "aux\|as drafted\|ar T=0\|llama-bench"
+  GGML_CUDA_DISABLE_GRAPHS=1 costs "$a" --aux "$a" --out "$out/graphs-off.json" | grep "aux\|as drafted\|ar T=0"
+  # the exit of a process that used CUDA, its models closed (139 after every bench on 2026-11-28):
+  # plain Python, then the console script (which ends without native finalization)
+  python3 -P -c "$first; from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend as B
+from mtad_edge.runtime.backend import Batch
+m = B(sys.argv[1]); m.decode(Batch.run([1, 2, 3], 0)); m.close()" "$a" > "$out/exit-python.log" 2>&1
+  echo "exit status: plain python $?"
+  head -2 "$repo/mtad_edge/data/prompts.jsonl" > "$work/two.jsonl"
+  python3 -P -c "$first; from mtad_edge.console import main; sys.argv = ['mtad-edge', *sys.argv[1:]]; main()" bench \
+    --target "$a" --aux "$a" --methods ar,sd --max-tokens 4 --prompts "$work/two.jsonl" --out "$work/exit-bench" > "$out/exit-bench.log" 2>&1
+  echo "exit status: mtad-edge bench $?"
   for t in "${targets[@]}"; do
     python3 -P -m mtad_edge.bench.shapes model "$t" q4_k_m "$m/$t-q4_k_m.gguf" --vocab "$pack/vocab.gguf" \
       --weights bytes >> "$out/models.log" 2>&1 || { tail -3 "$out/models.log"; exit 1; }

@@ -68,6 +68,39 @@ def row_costs(model: LlamaCppBackend, rows: range, beams: bool, reps: int) -> di
     return out
 
 
+def drafting_costs(model: LlamaCppBackend, reps: int) -> dict[str, float]:
+    """Median ms of the aux's calls in the order MTAD drafts: one row, then WIDTH beams for each
+    further depth, so the shape changes twice a step (CUDA graphs warm up on two calls of one
+    shape), unlike ``row_costs``' repeated shapes; and "uniform": the first depth as WIDTH rows
+    too (one shape throughout)."""
+    ids = _prefix(model)
+    n = len(ids)
+    out: dict[str, float] = {}
+    for name, first_rows in (("", 1), ("uniform_", WIDTH)):
+        first: list[float] = []
+        beams: list[float] = []
+        for _ in range(reps + 1):
+            for s in range(1, first_rows):
+                model.copy_seq(0, s)
+            batch = Batch()
+            for s in range(first_rows):
+                batch.add(ids[-1], n, (s,), True)
+            first.append(_timed(lambda b=batch: model.decode(b)))
+            for s in range(first_rows, WIDTH + 1):
+                model.copy_seq(0, s)
+            for depth in range(1, GAMMA):
+                batch = Batch()
+                for s in range(1, WIDTH + 1):
+                    batch.add(ids[(s + depth) % n], n + depth, (s,), True)
+                beams.append(_timed(lambda b=batch: model.decode(b)))
+            for s in range(1, WIDTH + 1):
+                model.rollback(s, 0)
+            model.rollback(0, n)
+        out[f"{name}first_ms"] = 1000 * statistics.median(first[1:])
+        out[f"{name}beams_ms"] = 1000 * statistics.median(beams[GAMMA - 1 :])
+    return out
+
+
 def tree_costs(model: LlamaCppBackend, reps: int) -> dict[str, dict[str, float]]:
     """Median ms of MMTAD's verify pass for trees of WIDTH beams of GAMMA tokens: beams that share
     nothing, share their first token, and share their first two (a pending token first)."""
@@ -128,6 +161,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             acfg = LlamaCppConfig(n_ctx=1024, n_seq_max=WIDTH + 1, n_threads=a.threads, n_gpu_layers=layers)
             with LlamaCppBackend(aux, acfg) as m:
                 found = {"path": str(aux), "beams": row_costs(m, AUX_BEAMS, True, a.reps)}
+                found["drafting"] = drafting_costs(m, a.reps)
             if i == 0:
                 result.setdefault("aux", {})[str(layers)] = found
             result.setdefault("auxes", {}).setdefault(aux.stem, {})[str(layers)] = found
@@ -215,6 +249,12 @@ def summary(paths: list[Path]) -> None:
         for layers, aux in (c.get("aux") or {}).items():
             beams = aux["beams"]["call_ms"]
             print(f"  aux ngl {layers} ms by beams " + " ".join(f"{k}:{float(v):.2f}" for k, v in beams.items()))
+            if "drafting" in aux:  # the same calls in drafting's order (shapes changing call to call)
+                d = aux["drafting"]
+                print(
+                    f"    as drafted: one row {d['first_ms']:.2f}, {WIDTH} beams {d['beams_ms']:.2f}; uniform: "
+                    f"{d['uniform_first_ms']:.2f}, {d['uniform_beams_ms']:.2f}"
+                )
         for ar in c["ar"]:
             j = ar["j_per_token"]
             energy = f"{j:.3f} J/token" if j else "no NVML"
