@@ -113,7 +113,8 @@ site)  # for scripts/gpu-run.sh
   exit 0 ;;
 build)
   [[ -n ${2:-} ]] || { echo "usage: $0 build DIR" >&2; exit 2; }
-  unpack && build "$2"
+  unpack  # a simple command each: under set -e a failure in an && list would not stop the script
+  build "$2"
   exit 0 ;;
 run | table) ;;
 *) echo "usage: $0 pack | build DIR | run [OUT] | table [OUT]" >&2; exit 2 ;;

@@ -89,6 +89,8 @@ call1() {  # park, then build in a session of its own
     GPU_CHECK_TARGETS="llama llama-server llama-bench" setsid nohup bash -c \
     '"$0" build "$1" > "$2/build.log" 2>&1 && touch "$2/build.done" || touch "$2/build.failed"' \
     "$park/scripts/gpu-check.sh" "$park/build" "$park" < /dev/null > /dev/null 2>&1 &
+  sleep 3  # a build that fails at once (a missing file) says so in this call, not the next
+  [[ ! -f $park/build.failed ]] || { echo "call1: the build failed at once:" >&2; tail -5 "$park/build.log" >&2; exit 1; }
   echo "call1: parked in $park, build started in its own session ($((SECONDS - t0)) s); call2 next, at once"
 }
 
