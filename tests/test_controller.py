@@ -665,10 +665,11 @@ def test_plain_steps_that_deliver_less_than_their_typical_step_give_way_to_draft
     assert min(share for _, share in learned) > 0.7
 
 
-def test_a_longer_draft_whose_first_tries_failed_is_stretched_to_until_measured():
+def test_a_longer_draft_whose_first_tries_failed_is_drafted_again_until_measured():
     """sd drafting one token, where two would pay: three unlucky early drafts at depth 2 keep its
-    estimate low, and nothing would draft it again. Every STRETCH_EVERY drafting steps the plan
-    drafts one more, until that depth is measured; then the estimate chooses on its own."""
+    estimate low, and nothing would draft it again. Its readings fade with every draft that stops
+    short of it, and every STRETCH_EVERY drafting steps the plan drafts one more: depth 2 is
+    drafted again within STRETCH_EVERY plans; then the estimate chooses on its own."""
     model = Model()
     for rows in (1, 2, 3, 4, 5):
         model.target.observe(rows, 0.100 + 0.005 * rows)  # memory-bound: a row more costs little
@@ -686,9 +687,28 @@ def test_a_longer_draft_whose_first_tries_failed_is_stretched_to_until_measured(
         depths = [-0.1] * plan.gamma
         ctrl.observe_step(plan, plan.gamma, depths, ctrl.step_seconds(plan.gamma, 1))  # kept whole: it pays
     every = controller.STRETCH_EVERY
-    assert plans[: every - 1] == [1] * (every - 1)  # the low estimate's choice
-    assert plans[every - 1] == 2  # the stretch, which the low estimate would never make
-    assert plans[-1] >= 2 and plans.count(1) < len(plans) - every  # measured: longer drafts win on their own
+    assert plans[0] == 1  # the low estimate's choice
+    assert 2 in plans[:every]  # drafted again, which the low estimate alone would never do
+    assert plans[-1] >= 2 and plans.count(1) < every  # measured: longer drafts win on their own
+
+
+def test_a_depth_read_low_in_the_first_drafts_leans_back_while_undrafted():
+    """As traced on x4 at T = 0: the first drafts of a request (where aux and target agree least)
+    read P(k >= 2) near 0, then one-token drafts kept 85 % for hundreds of steps without a word
+    on depth 2. Drafts that stop short of a depth fade its readings towards what the depths
+    before predict (never above the prior), while a depth drafted all along keeps its own rate."""
+    acc = Acceptance()
+    for _ in range(8):
+        acc.observe(1, 0, [-0.5, -1.0])  # early: rejected at once
+    assert acc.survival(1, 2) < 0.01
+    for _ in range(100):
+        acc.observe(1, 1, [-0.1])  # then one-token drafts, kept
+    assert acc.survival(1, 1) > 0.95
+    assert 0.25 < acc.survival(1, 2) <= acc.prior  # without the fading: 0.08, for good
+    kept = Acceptance()
+    for _ in range(60):
+        kept.observe(1, 0, [-0.5, -1.0])  # depth 2 drafted all along, and rejected: stays low
+    assert kept.survival(1, 2) < 0.05
 
 
 def test_a_plain_step_another_controller_planned_teaches_lookup_as_its_own_would():
