@@ -106,21 +106,24 @@ class Interrupts:
             signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
             self.received += sorted(signal.sigpending() & set(SIGNALS))
         final = self.code if self.installed and self.code is not None else code
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # a closed pipe or a full disk cannot change the exit status, nor print
-                with contextlib.suppress(Exception):  # a traceback as the interpreter flushes it again
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        _flush()
         if self.hard_exit or "llama_cpp" in sys.modules:
             # a process that loaded llama.cpp skips native finalization: on CUDA its exit segfaulted
             # (exit 139 after a bench's report, models closed); Python's own exit work still runs
             atexit._run_exitfuncs()
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
+            _flush()
             os._exit(final)
         sys.exit(final)
+
+
+def _flush() -> None:
+    """Flush stdout and stderr; one that cannot be flushed is pointed at /dev/null."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe or a full disk cannot change the exit status, nor print
+            with contextlib.suppress(Exception):  # a traceback as the interpreter flushes it again
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 interrupts = Interrupts()

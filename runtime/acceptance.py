@@ -18,8 +18,9 @@ Floats = Union[Sequence[float], np.ndarray]  # per-depth values, as a list or an
 
 
 # What a depth's readings keep per verified draft of the same width that stopped short of it: about
-# 35 such drafts halve them, so a depth read low long ago leans back towards the prior and is
-# drafted (and measured) again, while one drafted now and then keeps what it measured.
+# 35 such drafts halve them, so a depth read low long ago leans back towards what the depths before
+# predict (never above the prior) and is drafted, and measured, again; one drafted all along keeps
+# what it measured.
 STALE_DECAY = 0.98
 # Upper edges of the bins of the best beam's cumulative log q (the confidence model).
 CONF_EDGES = (-4.0, -2.0, -1.0, -0.5, -0.2, 0.0)
@@ -42,7 +43,8 @@ class _Rate:
         self.tries = self.tries * decay + 1.0
 
     def fade(self, decay: float) -> None:
-        """Older readings count for less, the rate they give unchanged: it leans towards the prior."""
+        """Older readings count for less, their rate unchanged: the value leans towards what it is
+        shrunk to (``Acceptance.survivals``)."""
         self.hits *= decay
         self.tries *= decay
 
