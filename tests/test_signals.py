@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -234,8 +235,6 @@ LOADED_THEN_EXITS = (
 @pytest.mark.parametrize("args, code", [(["--version"], 0), (["generate", "--max-tokens", "0", "x"], 2)])
 def test_a_process_that_loaded_llama_cpp_ends_without_native_finalization(args, code):
     """The exit status is the command's, atexit work runs, and nothing is finalized after it."""
-    import sys
-
     proc = subprocess.run([sys.executable, "-c", LOADED_THEN_EXITS, *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == code, proc.stderr
     assert "atexit ran" in proc.stdout and "finalized" not in proc.stdout, proc.stdout
