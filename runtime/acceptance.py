@@ -17,10 +17,10 @@ import numpy as np
 Floats = Union[Sequence[float], np.ndarray]  # per-depth values, as a list or an array
 
 
-# What a depth's readings keep per verified draft of the same width that stopped short of it: about
-# 35 such drafts halve them, so a depth read low long ago leans back towards what the depths before
-# predict (never above the prior) and is drafted, and measured, again; one drafted all along keeps
-# what it measured.
+# What a depth's readings keep per verified draft that did not reach it (one of its width that
+# stopped short of it, or one of another width): about 35 such drafts halve them, so a depth or a
+# width read low long ago leans back towards what the depths before predict (or the prior) and is
+# drafted, and measured, again; one drafted all along keeps what it measured.
 STALE_DECAY = 0.98
 # Upper edges of the bins of the best beam's cumulative log q (the confidence model).
 CONF_EDGES = (-4.0, -2.0, -1.0, -0.5, -0.2, 0.0)
@@ -150,39 +150,59 @@ class Acceptance:
 
     def observe(self, width: int, k: int, cum_logq: Floats) -> None:
         """A verified draft of len(cum_logq) tokens of which k were accepted. The depths it did not
-        reach fade (``STALE_DECAY``): measured in a request's first drafts, where the aux and the
-        target agreed least, a deeper depth read low could keep the plans short for good, since
-        nothing drafted it again (seen: sd at T = 0 on x4 planning one token 411 of 445 steps,
-        P(k >= 2) read 0.07, where drafts of 4 kept 2 or more at 0.46 of steps)."""
+        reach, at its width and at every other, fade (``STALE_DECAY``): measured in a request's
+        first drafts, where the aux and the target agreed least, a depth or a width read low could
+        keep the plans off it for good, since nothing drafted it again (seen on x4 at T = 0: sd
+        planning one token 411 of 445 steps, P(k >= 2) read 0.07, where drafts of 4 kept 2 or more
+        at 0.46 of steps; mtad at width 3 for 322 of 333 steps after one width-1 draft kept none)."""
         n = len(cum_logq)
         for d, c in enumerate(cum_logq, start=1):
             self.depth.setdefault((width, d), _Rate()).add(k >= d, self.decay)
             self.conf.setdefault((width, _conf_bin(c)), _Rate()).add(k >= d, self.decay)
         for (w, d), rate in self.depth.items():
-            if w == width and d > n:
+            if w != width or d > n:
                 rate.fade(STALE_DECAY)
 
     def survival(self, width: int, d: int) -> float:
         """P(k >= d) (see ``survivals``)."""
         return self.survivals(width, d)[d]
 
-    def survivals(self, width: int, d: int) -> list[float]:
-        """P(k >= j) for j = 0..d, depth by depth. What the depths before predict is the last depth-to-depth
-        ratio continued (before any: ``prior``): a depth never drafted gets that prediction; a
-        drafted one its own rate, shrunk towards the lower of ``prior`` and the prediction or,
-        with ``follow``, the higher. The lower one reads a barely drafted depth low where nearly
-        every drafted token is kept; where plain steps are an option that caution is kept, since
-        optimism there makes drafting lose to plain steps (a depth whose readings faded would
-        otherwise read ``prior`` deep in a draft where the depths before predict far less)."""
+    def survivals(self, width: int, d: int, borrow: bool = True) -> list[float]:
+        """P(k >= j) for j = 0..d, depth by depth. What the depths before predict is the last
+        depth-to-depth ratio continued (before any: ``prior``) or, where another width is measured
+        (``borrow``), that width's ratio from j - 1 to j continued from this width's j - 1 (at
+        j = 1: its P(k >= 1)). A depth never drafted gets that prediction; a drafted one its own
+        rate, shrunk towards it (a borrowed prediction is a measurement: as it stands) or towards
+        the lower of ``prior`` and the ratio's guess or, with ``follow``, the higher. The lower one
+        reads a barely drafted depth low where nearly every drafted token is kept; where plain
+        steps are an option that caution is kept, since optimism there makes drafting lose to
+        plain steps (a depth whose readings faded would otherwise read ``prior`` deep in a draft
+        where the depths before predict far less). Borrowing lets a width read low in a few early
+        drafts, then faded, lean back towards what the width drafted since keeps, and be tried again
+        (seen on x4 at T = 0: width 1 read as the prior's ratio continued, 0.50, 0.20, 0.07, beside
+        width 3's measured 0.78, 0.67, 0.56, and mtad drafted at width 3 for good)."""
+        other = self._reference(width) if borrow else None
+        ref = self.survivals(other, d, borrow=False) if other is not None else None
         out = [1.0]
         s, before = 1.0, 1.0  # P(k >= j - 1), P(k >= j - 2)
         for j in range(1, d + 1):
-            guess = s * min(s / max(before, 1e-9), 1.0) if j > 1 else self.prior
             rate = self.depth.get((width, j))
-            toward = max(self.prior, guess) if self.follow else min(self.prior, guess)
+            if ref is not None:
+                toward = s * ref[j] / max(ref[j - 1], 1e-9)
+                if self.follow:
+                    toward = max(self.prior, toward)
+                guess = toward
+            else:
+                guess = s * min(s / max(before, 1e-9), 1.0) if j > 1 else self.prior
+                toward = max(self.prior, guess) if self.follow else min(self.prior, guess)
             before, s = s, rate.value(toward, self.weight) if rate else guess
             out.append(s)
         return out
+
+    def _reference(self, width: int) -> Optional[int]:
+        """The other width drafted most (decayed tries at depth 1), if any."""
+        tries = {w: rate.tries for (w, d), rate in self.depth.items() if d == 1 and w != width}
+        return max(tries, key=lambda w: (tries[w], -w)) if tries else None
 
     def tries(self, width: int, d: int) -> float:
         """How often (decayed) depth d was drafted at ``width``."""

@@ -711,6 +711,33 @@ def test_a_depth_read_low_in_the_first_drafts_leans_back_while_undrafted():
     assert kept.survival(1, 2) < 0.05
 
 
+def test_a_width_read_low_in_one_early_draft_is_drafted_again_once_another_width_is_measured():
+    """As traced on x4 at T = 0: mtad's first draft, at width 1, kept nothing; width 1 then read as
+    the prior's ratio continued (0.50, 0.20, 0.07) beside width 3's measured 0.78, 0.67, 0.56, and
+    every plan drafted at width 3 (three aux rows a depth) for good. A width not drafted fades and
+    leans towards what the width drafted since keeps, so the cheaper width is tried again; one
+    drafted and rejected all along stays low."""
+    model = Model()
+    for rows in range(1, 10):
+        model.target.observe(rows, 0.200 + 0.005 * rows)  # memory-bound: a row more costs little
+        model.aux.observe(rows, 0.005 * rows)  # the aux one row at a time: a beam costs a row
+    ctrl = Controller(model, "mtad", range(0, 6), (1, 3), tree=False)
+    ctrl.acc.observe(1, 0, [-0.5, -1.0, -1.5, -2.0])  # the first draft, at width 1: none kept
+    widths = []
+    for _ in range(200):
+        ctrl.acc.observe(3, 3, [-0.1, -0.2, -0.3, -0.4])  # then width 3, keeping 3 of 4
+        widths.append(ctrl.plan(5).width)
+    assert widths[0] == 3 and 1 in widths[:150]  # width 1 again: nearly as likely kept, at a third of the rows
+    low = Acceptance().survivals(1, 3)  # where the prior's ratio alone would lead
+    assert ctrl.acc.survival(1, 1) > 0.9 and ctrl.acc.survival(1, 3) > 0.8 > 2 * low[3]
+
+    kept = Acceptance()
+    for _ in range(60):
+        kept.observe(1, 0, [-0.5, -1.0])  # width 1 drafted all along, and rejected: stays low
+        kept.observe(3, 2, [-0.1, -0.2])
+    assert kept.survival(1, 1) < 0.1 and kept.survival(3, 2) > 0.9
+
+
 def test_a_plain_step_another_controller_planned_teaches_lookup_as_its_own_would():
     """Beside the aux, prompt lookup's controller learns from a plain step the aux planned what it
     learns from a plain step of its own: the wait before a probe and what plain steps deliver
