@@ -96,6 +96,7 @@ class Costs:
         self.pace = pace if pace is not None else Pace()
         self.table: dict[int, float] = {}  # seconds by rows, at pace 1
         self._recent: dict[int, deque[float]] = {}  # a row's last log differences from the others
+        self._first: dict[int, list[float]] = {}  # a row's first ROW_WINDOW timings, log at pace 1 (fewer: young)
         self.seed = dict(seed or {})
         self.prior = _line(self.seed)
         self._seed_top = max(self.seed, default=0)  # the most rows the calibration timed
@@ -113,6 +114,7 @@ class Costs:
         out = Costs(self.alpha, self.seed, pace if pace is not None else self.pace.copy(frozen), self.model)
         out.table, out.frozen = dict(self.table), frozen
         out._recent = {r: deque(xs, maxlen=ROW_WINDOW) for r, xs in self._recent.items()}
+        out._first = {r: list(xs) for r, xs in self._first.items()}
         return out
 
     def observe(self, rows: int, seconds: float) -> None:
@@ -120,6 +122,10 @@ class Costs:
             return
         x = math.log(max(seconds, 1e-9))
         old = self.table.get(rows)
+        first = self._first.setdefault(rows, [])
+        young = len(first) < ROW_WINDOW
+        if young:
+            first.append(x - self.pace.log)
         if old is None:  # a new row: its entry at pace 1
             self.table[rows] = math.exp(x - self.pace.log)
             return
@@ -129,6 +135,9 @@ class Costs:
             return
         recent = self._recent.setdefault(rows, deque(maxlen=ROW_WINDOW))
         recent.append(x - entry - self.pace.log)
+        if young:  # the median of its timings so far: a stall among the first three is dropped
+            self.table[rows] = math.exp(median(first))
+            return
         shift = median(list(recent) + [0.0] * (ROW_WINDOW - len(recent)))
         self.table[rows] = math.exp(entry + self.alpha * shift)
 
@@ -140,15 +149,23 @@ class Costs:
         return {r: self(r) for r in sorted(self.table)}
 
     def at_pace_1(self, rows: int) -> float:
-        if rows in self.table:
-            return self.table[rows]
+        """A row's entry, else the line's reading. A young entry (timed fewer than ``ROW_WINDOW``
+        times) reads no dearer than the line: an entry first timed in a stall would otherwise keep
+        the plans off its row, and so keep itself, for good (seen on x4 at T = 0: 4 rows read
+        538 ms beside 3 rows' 337 and 5 rows' 289, and sd drafted 3 tokens at 9 of 271 steps). A
+        row timed often keeps what it measured, a kernel's dear shape included."""
         a, b, floor = self._fill()
-        return max(floor, a + b * rows)
+        line = max(floor, a + b * rows)
+        if rows not in self.table:
+            return line
+        if len(self._first.get(rows, ())) >= ROW_WINDOW or rows not in self._first:
+            return self.table[rows]
+        return min(self.table[rows], line)
 
     def _fill(self) -> tuple[float, float, float]:
-        """The line rows not in the table are read from, (a, b, floor): seconds = max(floor,
-        a + b x rows). Recomputed only when the table has changed (controller plans read many
-        rows per step)."""
+        """The line rows not in the table (and young entries) are read from, (a, b, floor):
+        seconds = max(floor, a + b x rows); robust, so one disturbed entry hardly moves it.
+        Recomputed only when the table has changed (controller plans read many rows per step)."""
         key = (len(self.table), sum(self.table.values()))
         if self._filled is not None and self._filled[0] == key:
             return self._filled[1]

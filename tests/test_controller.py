@@ -62,6 +62,37 @@ def test_costs_interpolate_and_smooth():
     assert c(1) == pytest.approx(3.0) and c(5) == pytest.approx(6.0)
 
 
+def test_a_row_first_timed_in_a_stall_is_run_again_and_learns_its_cost():
+    """As in a T = 0 run on x4: 4 rows first timed in a stall (538 ms beside 5 rows' 289) kept sd
+    off 3-token drafts, and so kept its entry. A young entry (timed fewer than three times) reads
+    no dearer than the line through the rows; its entry is then the median of its timings. A row
+    timed dear three times keeps its cost (a kernel's dear shape is real)."""
+    c = Costs()
+    for rows, ms in ((1, 250), (2, 255), (3, 260), (5, 290), (4, 538)):  # 4 rows: a stall
+        c.observe(rows, ms / 1000)
+    assert c(4) < 0.29  # young: no dearer than the line through the rows
+    for _ in range(2):
+        c.observe(1, 0.250)
+        c.observe(3, 0.260)  # other rows ran too, so the timings are the row's own
+        c.observe(4, 0.265)
+        assert c(4) < 0.29
+    assert c(4) == pytest.approx(0.265)  # its three timings' median: the stall dropped
+    quirk = Costs()
+    for _ in range(3):
+        for rows, ms in ((1, 250), (4, 538), (5, 290)):
+            quirk.observe(rows, ms / 1000)
+    assert quirk(4) > 0.5  # timed dear three times: measured
+
+    model = Model()
+    for rows, ms in ((1, 200), (2, 205), (3, 210), (5, 220), (4, 430)):  # 4 rows: a stall
+        model.target.observe(rows, ms / 1000)
+        model.aux.observe(rows, 0.005 * rows)
+    ctrl = Controller(model, "sd", range(0, 5), [1], tree=False)
+    for _ in range(40):
+        ctrl.acc.observe(1, 3, [-0.1, -0.2, -0.3, -1.0])  # three of four kept: gamma 3 pays best
+    assert ctrl.plan(4).gamma == 3
+
+
 def test_a_calibration_is_a_robust_shape_scaled_to_what_is_observed():
     seed = {1: 1.0, 2: 1.1, 3: 1.2, 4: 9.0, 5: 1.4}  # one disturbed timing at 4 rows
     c = Costs(seed=seed)
@@ -186,13 +217,15 @@ def test_keep_going_stops_an_unconfident_draft_when_aux_steps_cost():
 
 def test_keep_going_finishes_a_plan_whose_next_depth_alone_does_not_pay():
     """A tree verify's cost grows in steps (here 10 rows cost more than 13, as measured backends
-    do): depth 3 alone loses, depths 3 and 4 together win, so the planned gamma 4 is drafted whole."""
+    do, timed often enough to be more than a stall): depth 3 alone loses, depths 3 and 4 together
+    win, so the planned gamma 4 is drafted whole."""
     ctrl = Controller(Model(), "mmtad", range(2, 5), (4,), tree=True)
     ctrl.model.target.observe(1, 0.010)
     ctrl.model.aux.observe(1, 0.001)
     ctrl.model.aux.observe(4, 0.001)
-    for rows, seconds in ((7, 0.012), (10, 0.030), (13, 0.013)):  # gamma 2, 3, 4 at width 4
-        ctrl.model.tree.observe(rows, seconds)
+    for _ in range(3):
+        for rows, seconds in ((7, 0.012), (10, 0.030), (13, 0.013)):  # gamma 2, 3, 4 at width 4
+            ctrl.model.tree.observe(rows, seconds)
     for _ in range(50):
         ctrl.acc.observe(4, 4, [-0.1, -0.2, -0.3, -0.4])
     plan = ctrl.plan(4)
