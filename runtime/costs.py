@@ -158,9 +158,8 @@ class Costs:
         line = max(floor, a + b * rows)
         if rows not in self.table:
             return line
-        if len(self._first.get(rows, ())) >= ROW_WINDOW or rows not in self._first:
-            return self.table[rows]
-        return min(self.table[rows], line)
+        young = 0 < len(self._first.get(rows, ())) < ROW_WINDOW
+        return min(self.table[rows], line) if young else self.table[rows]
 
     def _fill(self) -> tuple[float, float, float]:
         """The line rows not in the table (and young entries) are read from, (a, b, floor):
