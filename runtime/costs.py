@@ -154,12 +154,12 @@ class Costs:
         the plans off its row, and so keep itself, for good (seen on x4 at T = 0: 4 rows read
         538 ms beside 3 rows' 337 and 5 rows' 289, and sd drafted 3 tokens at 9 of 271 steps). A
         row timed often keeps what it measured, a kernel's dear shape included."""
+        entry = self.table.get(rows)
+        if entry is not None and not 0 < len(self._first.get(rows, ())) < ROW_WINDOW:
+            return entry  # measured: the line is not read
         a, b, floor = self._fill()
         line = max(floor, a + b * rows)
-        if rows not in self.table:
-            return line
-        young = 0 < len(self._first.get(rows, ())) < ROW_WINDOW
-        return min(self.table[rows], line) if young else self.table[rows]
+        return line if entry is None else min(entry, line)
 
     def _fill(self) -> tuple[float, float, float]:
         """The line rows not in the table (and young entries) are read from, (a, b, floor):
