@@ -25,6 +25,7 @@ DECODE_FIELDS = (
     "no_repeat",
     "repeat_penalty",
     "accept_threshold",
+    "draft_ahead",
     "seed",
 )
 
@@ -60,6 +61,7 @@ class DecodeConfig:
     no_repeat: int = default("no_repeat")  # beam drafts skip tokens that repeat an n-gram this long (0: off)
     repeat_penalty: float = default("repeat_penalty")  # MTAD's bar for blocks that repeat a 4-gram (1: off)
     accept_threshold: float = default("accept_threshold")
+    draft_ahead: str = default("draft_ahead")  # "on": the next draft made while the target verifies
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: Optional[int] = default("seed")
 

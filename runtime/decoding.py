@@ -12,8 +12,10 @@ needs no bookkeeping here.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -23,7 +25,7 @@ from . import methods
 from .backend import Backend, common_prefix, feed
 from .config import DecodeConfig
 from .controller import Controller, FixedController, Model, Plan
-from .drafter import BeamDrafter, Draft
+from .drafter import Ahead, BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
 from .methods import StepResult, StepView
 from .ngram import MATCH_EDGES, Lookup, NgramDrafter, match_class
@@ -37,6 +39,8 @@ TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
 # leaves its prompt unfed until it drafts (fed up front, it doubled the time to the first token of
 # the tiny pair, whose aux never pays; at x4, where it does, waiting cost a plain step a request).
 AUX_IDLE_PLANS = 8
+
+DRAFT_STREAM = 0x6472616674  # "draft": the aux's random streams, apart from the run's own
 
 
 @dataclass
@@ -69,6 +73,8 @@ class Stats:
     lookup_accepted: int = 0  # and those of them the target kept
     vocab_resyncs: int = 0  # aux vocabulary differs: target tokens re-tokenised for the aux
     vocab_mapped_share: Optional[float] = None  # and the share of generated tokens the aux could draft
+    ahead_drafts: int = 0  # draft_ahead: the next blocks drafted while the target verified
+    ahead_hits: int = 0  # and those the next step took (the draft it would have made)
 
     @property
     def acceptance_rate(self) -> Optional[float]:
@@ -173,6 +179,7 @@ class Generation:
             )
         self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         self.rng = np.random.default_rng(self.seed)
+        self._steps = 0
         self.tokens = list(prompt)
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed, gamma_min=self.gamma_floor)
         self.drafter: Optional[BeamDrafter] = None
@@ -193,6 +200,11 @@ class Generation:
             seen,
         )
         self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
+        self._ahead: Optional[Ahead] = None  # the next step's draft, made while this one verified
+        self._pool: Optional[ThreadPoolExecutor] = None  # draft_ahead's thread
+        self.drafts_ahead = cfg.draft_ahead == "on" and self.drafter is not None and not self.method.tree
+        if self.drafts_ahead and vocab is not None:
+            raise OptionError("draft_ahead needs an aux that shares the target's vocabulary", "draft_ahead")
 
     def _controller(self) -> Optional[FixedController | Controller]:
         """The aux's: ``--gamma N`` with a fixed width is a controller that always answers (N, w);
@@ -273,6 +285,9 @@ class Generation:
                 if stop:
                     return
         finally:
+            if self._pool is not None:  # a step waits for its draft ahead: the thread is idle here
+                self._pool.shutdown()
+                self._pool = None
             if not between_steps:  # stopped inside a step: drop what it left half done
                 self._drop_caches()
             if self.drafter is not None and self.drafter.cross is not None:
@@ -287,26 +302,45 @@ class Generation:
         learn."""
         st, clock = self.stats, self.clock
         t0 = clock()
+        self._steps += 1
         plan, ctrl, found, idle_lookup = self._plan()
         t1 = clock()
-        draft = None
+        draft, hidden = None, 0.0
+        ahead, self._ahead = self._ahead, None
         if found is not None:
+            self._drop(ahead)
             draft = self._lookup_draft(found[: plan.gamma])
         elif plan.gamma and self.drafter is not None:
-            draft = self._draft(plan)
+            draft = self._take(ahead, plan)
+            if draft is not None:  # drafted (in part) while the last step verified: that time was hidden
+                assert ahead is not None
+                hidden = ahead.seconds
+            else:
+                draft = self._draft(plan)
             if plan.alone:  # a tree method verifies the best beam alone where its tree does not pay
                 draft = draft.best_only()
                 st.alone_steps += 1
+        else:
+            self._drop(ahead)
         t2 = clock()
         if self.view.seen is not None and draft is not None:
             self.view.seen.sync(self.tokens)
-        result = self.method.step(self.view, plan.gamma, plan.width, draft)
+        stop = threading.Event()  # set when the verify is done: the draft ahead pauses at its next depth
+        pending = self._draft_ahead(plan, draft, stop) if found is None else None
+        try:
+            result = self.method.step(self.view, plan.gamma, plan.width, draft)
+        finally:
+            stop.set()
+            if pending is not None:  # the aux's thread is done before anything touches its cache
+                wait([pending])
         t3 = clock()
-        new = self._commit(result, draft, found is not None)
+        nxt = pending.result() if pending is not None else None
+        t3b = clock()
+        new = self._commit(result, draft, found is not None, nxt)
         t4 = clock()
-        self._learn(plan, ctrl, draft, result, t4 - t0, idle_lookup)
+        self._learn(plan, ctrl, draft, result, t4 - t0 + hidden, idle_lookup)
         st.controller_s += (t1 - t0) + (clock() - t4)
-        st.draft_s += t2 - t1
+        st.draft_s += t2 - t1 + t3b - t3
         st.verify_s += t3 - t2
         return new
 
@@ -348,8 +382,58 @@ class Generation:
 
     def _draft(self, plan: Plan) -> Draft:
         assert self.drafter is not None
-        keep_going = self.controller.keep_going if isinstance(self.controller, Controller) else None
-        return self.drafter.propose(self.tokens, plan.gamma, plan.width, rows=self._q_rows, keep_going=keep_going)
+        return self.drafter.propose(
+            self.tokens, plan.gamma, plan.width, self._q_rows, self._keep_going, self._draft_rng(self._steps)
+        )
+
+    @property
+    def _keep_going(self) -> Optional[Callable[[int, float], bool]]:
+        return self.controller.keep_going if isinstance(self.controller, Controller) else None
+
+    def _draft_rng(self, step: int) -> np.random.Generator:
+        """The aux's draws at a step: a stream of their own, seeded by the run's seed and the step,
+        so that a draft is one function of the seed, the step and the text, whenever it is made
+        (draft_ahead makes it a step early). Streams that overlapped (a Philox counter at the step,
+        which each draw advances into the next step's) failed the chi-square test of sd."""
+        return np.random.default_rng([self.seed, DRAFT_STREAM, step])
+
+    def _draft_ahead(self, plan: Plan, draft: Optional[Draft], stop: threading.Event) -> Optional[Future[Ahead]]:
+        """draft_ahead: on the aux's thread, while the target verifies ``draft``, the next step's
+        draft as if the target kept all of it (``BeamDrafter.ahead``), planned as this step was;
+        None where no next step could take it."""
+        if not self.drafts_ahead or draft is None or draft.deterministic or plan.alone:
+            return None
+        left = self.cfg.max_tokens - self.stats.generated - len(draft.tokens) - 1
+        if left < 2 or len(self.tokens) + len(draft.tokens) + 1 > self._room():
+            return None
+        assert self.drafter is not None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mtad-draft-ahead")
+        gamma, width = plan.gamma, plan.width
+        rng = self._draft_rng(self._steps + 1)
+        return self._pool.submit(
+            self.drafter.ahead, self.tokens, draft, gamma, width, self._q_rows, self._keep_going, rng, stop
+        )
+
+    def _take(self, ahead: Optional[Ahead], plan: Plan) -> Optional[Draft]:
+        """The draft made ahead, finished, if it is the one this step would make: the same plan,
+        and the controller's keep-going questions answered as they were (it has learned since);
+        the questions of the depths drafted now are asked now."""
+        if ahead is None:
+            return None
+        keep_going = self._keep_going
+        if (plan.gamma, plan.width, plan.alone) != (ahead.gamma, ahead.width, False) or (
+            keep_going is not None and any(keep_going(d, cum) != yes for d, cum, yes in ahead.asked)
+        ):
+            self._drop(ahead)
+            return None
+        self.stats.ahead_hits += 1
+        return ahead.finish()
+
+    def _drop(self, ahead: Optional[Ahead]) -> None:
+        """A draft ahead this step does not take: the aux back as the last step's commit leaves it."""
+        if ahead is not None and self.drafter is not None:
+            self.drafter.drop_ahead(ahead)
 
     @property
     def _q_rows(self) -> bool:
@@ -362,9 +446,13 @@ class Generation:
         logq_x = np.zeros(len(tokens))
         return Draft(tokens, logq_x, None, tokens[None], logq_x[None], deterministic=True)
 
-    def _commit(self, result: StepResult, draft: Optional[Draft], looked_up: bool) -> list[int]:
+    def _commit(
+        self, result: StepResult, draft: Optional[Draft], looked_up: bool, ahead: Optional[Ahead] = None
+    ) -> list[int]:
         """Keep what the step accepted: the target's sequence 0 keeps the pending token and the k
-        accepted drafted tokens, the aux follows, the text grows by the step's tokens."""
+        accepted drafted tokens, the aux follows, the text grows by the step's tokens. A draft
+        made ahead is kept for the next step where its bet came true (the whole draft kept, then
+        the guessed token), else undone."""
         st = self.stats
         st.target_calls += len(result.calls)
         st.target_s += sum(call.seconds for call in result.calls)
@@ -378,6 +466,13 @@ class Generation:
             if looked_up:
                 st.lookup_drafted += len(draft.tokens)
                 st.lookup_accepted += k
+            elif ahead is not None:
+                assert self.drafter is not None
+                st.ahead_drafts += 1
+                if k == len(draft.tokens) and result.tokens[-1] == ahead.guess:
+                    self._ahead = ahead  # the aux already holds the text and the next draft's beams
+                else:
+                    self.drafter.drop_ahead(ahead, k)
             else:
                 assert self.drafter is not None
                 self.drafter.commit(k, result.beam)

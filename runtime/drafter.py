@@ -14,8 +14,9 @@ With a unified KV cache a copy only tags cells with another seq id.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -28,6 +29,9 @@ from .vocab import CrossVocab
 
 # Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
 KeepGoing = Callable[[int, float], bool]
+# A draft being made: it pauses between depths (after a depth's beams are chosen, before the aux
+# call for the next) and returns the Draft
+Drafting = Generator[None, None, "Draft"]
 
 
 @dataclass
@@ -59,6 +63,41 @@ class Draft:
     def cum_logq(self) -> np.ndarray:
         """Cumulative log q along the best beam, per depth (the draft's own confidence)."""
         return np.cumsum(self.logq_x)
+
+
+@dataclass
+class Ahead:
+    """The next block drafted while the target verified the last one (``BeamDrafter.ahead``),
+    as far as it got: it stands if the target kept all of that draft and drew ``guess`` after it,
+    and the next step plans (gamma, width) and answers ``asked`` (the drafter's keep-going
+    questions) as it did; that step then finishes it."""
+
+    guess: int
+    gamma: int
+    width: int
+    asked: list[tuple[int, float, bool]]  # (depth, cumulative log q, answer) in the order asked
+    base: int  # the draft before it: aux position of its x_1
+    cached: int  # and the drafted tokens its beams held
+    drafting: Drafting
+    draft: Optional[Draft] = None  # once finished
+    seconds: float = 0.0  # spent drafting ahead (the guess's aux call aside)
+
+    def advance(self, stop: Optional[threading.Event] = None) -> Optional[Draft]:
+        """Draft on, depth by depth, until done or ``stop`` is set (checked between depths)."""
+        clock = time.perf_counter
+        while self.draft is None and (stop is None or not stop.is_set()):
+            t0 = clock()
+            try:
+                next(self.drafting)
+            except StopIteration as done:
+                self.draft = done.value
+            self.seconds += clock() - t0
+        return self.draft
+
+    def finish(self) -> Draft:
+        draft = self.advance()
+        assert draft is not None
+        return draft
 
 
 def beam_slots(width: int) -> int:
@@ -129,22 +168,98 @@ class BeamDrafter:
         return self.cross is not None and self.cross.lagging
 
     def propose(
-        self, tokens: Sequence[int], gamma: int, width: int, rows: bool = False, keep_going: Optional[KeepGoing] = None
+        self,
+        tokens: Sequence[int],
+        gamma: int,
+        width: int,
+        rows: bool = False,
+        keep_going: Optional[KeepGoing] = None,
+        rng: Optional[np.random.Generator] = None,
     ) -> Draft:
         """Draft up to ``gamma`` tokens after ``tokens`` with ``width`` beams; ``rows`` keeps the
         filtered log q rows along the best beam (``Draft.q``); ``keep_going`` may stop the draft
-        early (at least one token is always drafted)."""
+        early (at least one token is always drafted); ``rng``: the draws' generator (default the
+        drafter's own)."""
+        if self.cross is not None:
+            self.cross.catch_up(self.ctx, tokens)
+        return self._propose(self.ctx, gamma, width, rows, keep_going, rng)
+
+    def ahead(
+        self,
+        tokens: Sequence[int],
+        last: Draft,
+        gamma: int,
+        width: int,
+        rows: bool = False,
+        keep_going: Optional[KeepGoing] = None,
+        rng: Optional[np.random.Generator] = None,
+        stop: Optional[threading.Event] = None,
+    ) -> Ahead:
+        """While the target verifies ``last`` (this drafter's last draft after ``tokens``), draft
+        the next block as if the target kept all of it and then drew the token the aux finds
+        likeliest after it (the guess). The aux is left as ``propose`` would leave it on that
+        text, so a guess that comes true hands over the very draft the next step would make; one
+        that does not is undone by ``drop_ahead``. It drafts until ``stop`` is set (the verify is
+        done), between depths; the next step finishes what is left. Shared vocabulary only."""
+        assert self.cross is None, "a draft ahead needs the target's vocabulary"
+        base, cached, n = self._base, self._cached, len(last.tokens)
+        self.commit(n)  # as if every drafted token were kept: the aux holds x_1..x_{n-1}
+        kept = [*tokens, *(int(t) for t in last.tokens)]
+        guess = int(np.argmax(feed(self.model, kept)[-1]))  # x_n fed alone, for the aux's row after it
+        self.model.rollback(0, len(kept) - 1)  # then as the next draft finds it: x_n and the bonus unfed
+        asked: list[tuple[int, float, bool]] = []
+
+        def ask(depth: int, cum_logq: float) -> bool:
+            answer = keep_going is None or keep_going(depth, cum_logq)
+            asked.append((depth, cum_logq, answer))
+            return answer
+
+        drafting = self._drafting([*kept, guess], gamma, width, rows, ask, rng)
+        ahead = Ahead(guess, gamma, width, asked, base, cached, drafting)
+        ahead.advance(stop)
+        return ahead
+
+    def drop_ahead(self, ahead: Ahead, k: Optional[int] = None) -> None:
+        """Undo a draft ahead: the aux as ``commit(k)`` would have left it after the draft before
+        (k None: all of it kept)."""
+        ahead.drafting.close()
+        self.model.rollback(0, ahead.base + (ahead.cached if k is None else min(k, ahead.cached)))
+        self._drop_beams(beam_slots(self._width))
+
+    def _propose(
+        self,
+        ctx: list[int],
+        gamma: int,
+        width: int,
+        rows: bool,
+        keep_going: Optional[KeepGoing],
+        rng: Optional[np.random.Generator],
+    ) -> Draft:
+        drafting = self._drafting(ctx, gamma, width, rows, keep_going, rng)
+        while True:
+            try:
+                next(drafting)
+            except StopIteration as done:
+                draft: Draft = done.value
+                return draft
+
+    def _drafting(
+        self,
+        ctx: list[int],
+        gamma: int,
+        width: int,
+        rows: bool,
+        keep_going: Optional[KeepGoing],
+        rng: Optional[np.random.Generator],
+    ) -> Drafting:
         model, clock, cross = self.model, self.clock, self.cross
-        if cross is not None:
-            cross.catch_up(self.ctx, tokens)
-        ctx = self.ctx
         base = self._base = len(ctx)  # aux position of x_1
         self._width = width
         if self.seen is not None:
             self.seen.sync(ctx)
         t0, pending = clock(), len(ctx) - len(model.held(0))
         beam_tok = np.zeros((1, 0), dtype=np.int64)
-        ids, logq = self._rows(feed(model, ctx)[-1:], beam_tok)  # the current beams' rows
+        ids, logq = self._rows(feed(model, ctx)[-1:], beam_tok, ctx)  # the current beams' rows
         seqs = [0]  # sequence of each current beam
         beam_logq = np.zeros((1, 0))
         row_of = np.zeros((1, 0), dtype=np.int64)  # which of each depth's rows every beam extended
@@ -153,7 +268,7 @@ class BeamDrafter:
         bank = 0
         calls: list[tuple[int, float]] = []
         dead: list[np.ndarray] = []
-        rng = None if self.greedy else self.rng
+        rng = None if self.greedy else rng if rng is not None else self.rng
         for d in range(gamma):
             cand = score[:, None] + logq  # joint log q of every extension the rows hold
             pick = sample_without_replacement(cand, width, rng)
@@ -174,6 +289,7 @@ class BeamDrafter:
             seqs = [seqs[j] for j in parent]  # each beam's cache: its parent's, without `tok`
             if d == gamma - 1 or (keep_going is not None and not keep_going(d + 1, float(score.max()))):
                 break
+            yield  # between depths: a draft ahead may pause here
             # Give every beam a sequence of its own holding its parent's cache, then add `tok`.
             t0 = clock()
             new_seqs = [1 + bank * width + j for j in range(len(pick))]
@@ -182,7 +298,7 @@ class BeamDrafter:
                 model.rollback(s, 0)
                 model.copy_seq(seqs[j], s)
                 batch.add(tok[j], base + d, (s,), True)
-            ids, logq = self._rows(model.decode(batch), beam_tok)
+            ids, logq = self._rows(model.decode(batch), beam_tok, ctx)
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
         self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
@@ -214,14 +330,16 @@ class BeamDrafter:
             path = self._beam_aux[b] if b < finals else self._dead_aux[b - finals]
             self.cross.accepted(self.ctx, path, k)
 
-    def _rows(self, logits: np.ndarray, beam_tok: np.ndarray) -> tuple[Optional[np.ndarray], np.ndarray]:
+    def _rows(
+        self, logits: np.ndarray, beam_tok: np.ndarray, ctx: list[int]
+    ) -> tuple[Optional[np.ndarray], np.ndarray]:
         """Each current beam's filtered log q: (ids, rows) over its top-k tokens alone where top-k
         keeps a few (the same draws as full rows, for a fraction of the numpy work per aux call),
         else (None, rows over the whole vocabulary)."""
         kept = None if self.cross is not None else kept_logprobs(logits, self.score_cfg)
         if kept is None:
-            return None, self._no_repeats(self._logq(logits), beam_tok)
-        return kept[0], self._no_repeats(kept[1], beam_tok, kept[0])
+            return None, self._no_repeats(self._logq(logits), beam_tok, ctx)
+        return kept[0], self._no_repeats(kept[1], beam_tok, ctx, kept[0])
 
     def _q_along(self, depth_rows: list[tuple[Optional[np.ndarray], np.ndarray]], row_of: np.ndarray) -> KeptRows:
         """The best beam's row of each depth (``row_of``: which of that depth's rows it extended)."""
@@ -231,13 +349,15 @@ class BeamDrafter:
         ids = np.stack([np.asarray(i)[r] for (i, _), r in zip(depth_rows, row_of)])
         return KeptRows(ids, logq, self.model.n_vocab)
 
-    def _no_repeats(self, logq: np.ndarray, beam_tok: np.ndarray, ids: Optional[np.ndarray] = None) -> np.ndarray:
+    def _no_repeats(
+        self, logq: np.ndarray, beam_tok: np.ndarray, ctx: list[int], ids: Optional[np.ndarray] = None
+    ) -> np.ndarray:
         """Each beam's row without the tokens that would repeat an n-gram of the text (no_repeat);
         a beam left with none dies, and where every beam would, the rows stay as they were (a
         draft needs a token). ``ids``: the rows' token ids (else a row is the whole vocabulary)."""
         if self.seen is None:
             return logq
-        followers = [self.seen.followers(self.ctx, beam) for beam in beam_tok]
+        followers = [self.seen.followers(ctx, beam) for beam in beam_tok]
         rows = np.stack(
             [ban(row, f, None if ids is None else ids[j]) for j, (row, f) in enumerate(zip(logq, followers))]
         )

@@ -235,6 +235,16 @@ OPTIONS: dict[str, Option] = {
             hi=REPEAT_PENALTY_MAX,
         ),
         Option(
+            "draft_ahead",
+            "choice",
+            "off",
+            "sd, mtad: draft the next block on a thread of its own while the target verifies this one, "
+            "betting that the target keeps the whole draft and then the aux's likeliest token (the text is "
+            "the same either way). It pays where the aux does not share the target's device or cores: the aux "
+            "on the CPU beside a GPU target (--aux-gpu-layers 0), or its own threads (--aux-threads).",
+            choices=lambda: ("off", "on"),
+        ),
+        Option(
             "accept_threshold",
             "float",
             0.5,

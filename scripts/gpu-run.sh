@@ -170,9 +170,14 @@ print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r
     [[ $dry == 1 || $mem == 0 ]] || ((mem > need)) || { echo "call2: x$k skipped: $mem MiB of GPU memory, $need needed"; continue; }
     w=$park/x$k
     if [[ $k == "$first" ]]; then  # the goals' stand-in: everything; beyond it, ours at T = 1
-      bench_once "x$k-t1" "$w" --methods ar,sd,mtad,mmtad --temperature 1 --llama-server "$bin/llama-server" || break
-      bench_once "x$k-t0" "$w" --methods ar,sd,mtad,mmtad --temperature 0 --llama-server "$bin/llama-server" || break
-      bench_once "x$k-t1-auxcpu" "$w" --methods ar,sd,mtad --temperature 1 --aux-gpu-layers 0 || break
+      # draft_ahead: the next block drafted while the target verifies, the aux on the CPU's cores
+      # (beside the GPU's verify) and on the GPU (a context of its own)
+      bench_once "x$k-t1-auxcpu" "$w" --methods ar,sd,mtad --temperature 1 --aux-gpu-layers 0 \
+        --variant "sd draft_ahead=on" --variant "mtad draft_ahead=on" || break
+      bench_once "x$k-t1" "$w" --methods ar,sd,mtad,mmtad --temperature 1 --llama-server "$bin/llama-server" \
+        --variant "mtad draft_ahead=on" || break
+      bench_once "x$k-t0" "$w" --methods ar,sd,mtad,mmtad --temperature 0 --llama-server "$bin/llama-server" \
+        --variant "sd draft_ahead=on" || break
     else
       bench_once "x$k-t1" "$w" --methods ar,sd,mtad --temperature 1 || break
     fi

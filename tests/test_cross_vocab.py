@@ -12,7 +12,7 @@ from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.errors import IncompatiblePairError
+from mtad_edge.runtime.errors import IncompatiblePairError, OptionError
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingConfig(temperature=0.0)
@@ -115,3 +115,11 @@ def test_refuse_insists_on_identical_vocabularies(gemma_files, smol_files):
     )
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("Error:") and "cannot be paired" in lines[0]
+
+
+def test_drafting_ahead_needs_the_targets_vocabulary(gemma_smol):
+    """A draft ahead bets on the target's next token in the aux's own tokens: refused in words."""
+    models, _ = gemma_smol
+    ids = models.target.tokenize(PROMPTS[0])
+    with pytest.raises(OptionError, match="draft_ahead needs an aux that shares the target's vocabulary"):
+        Generation(models.target, models.aux, ids, DecodeConfig("sd", 8, draft_ahead="on"), vocab=models.vocab)

@@ -104,9 +104,9 @@ def test_a_prohibitive_repeat_penalty_accepts_no_drafted_repeat(method):
     blocks = []
     real = decoding.Generation._commit
 
-    def spy(self, result, draft, looked_up):
+    def spy(self, result, draft, looked_up, *ahead):
         blocks.append((len(self.tokens), result.accepted))
-        return real(self, result, draft, looked_up)
+        return real(self, result, draft, looked_up, *ahead)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(decoding.Generation, "_commit", spy)
