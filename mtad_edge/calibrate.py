@@ -44,6 +44,8 @@ def cache_key(models: LoadedPair, options: ModelOptions, target_rows: list[int],
     parts += [getattr(m, "amx", 0) for m in (models.target, models.aux)]  # AMX's kernels, where they run
     # the aux's own placement (aux_gpu_layers, resolved): its calls cost otherwise on the CPU than on a GPU
     parts.append(getattr(getattr(models.aux, "config", None), "n_gpu_layers", None))
+    if options.aux_threads is not None:  # the aux's own threads: its calls cost otherwise
+        parts.append(["aux_threads", options.aux_threads])
     if models.rpc is not None:  # the target's calls go over the network to these servers
         parts.append(list(models.rpc.servers))
     parts += [*store.file_identity(models.pair.target, models.pair.aux), target_rows, aux_rows, _version()]

@@ -33,6 +33,7 @@ class ModelOptions:
 
     n_ctx: Optional[int] = None  # committed tokens a run may hold; None: the manifest's context_size, else 2048
     threads: Optional[int] = None  # None: all usable cores
+    aux_threads: Optional[int] = None  # the aux's own (llama.cpp's -td); None: as threads
     n_gpu_layers: Optional[int] = None  # llama.cpp; None: all layers when the build can offload, else 0
     # llama.cpp's -ngld for the aux (0: draft on the CPU); None: the manifest's aux_gpu_layers, else n_gpu_layers
     aux_gpu_layers: Optional[int] = None
@@ -51,8 +52,10 @@ class ModelOptions:
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
                 raise OptionError(f"unknown {name} {quoted(value)} (choose from {', '.join(allowed)})", name)
-        if self.threads is not None and not json_int(self.threads, 1, THREADS_MAX):
-            raise OptionError(f"threads must be an integer in 1..{THREADS_MAX}, got {quoted(self.threads)}", "threads")
+        for name in ("threads", "aux_threads"):
+            value = getattr(self, name)
+            if value is not None and not json_int(value, 1, THREADS_MAX):
+                raise OptionError(f"{name} must be an integer in 1..{THREADS_MAX}, got {quoted(value)}", name)
         if self.n_ctx is not None and not json_int(self.n_ctx, 1):
             raise OptionError(f"n_ctx must be a positive integer, got {quoted(self.n_ctx)}", "n_ctx")
         if self.flash_attn is not None and not isinstance(self.flash_attn, bool):
@@ -341,6 +344,8 @@ def open_pair(
             return LoadedPair(target, None, pair, method_names=names, rpc=rpc)
         layers = aux_gpu_layers(pair, opts)  # an ONNX aux ignores it, as it does n_gpu_layers
         aux_opts = opts if layers is None else replace(opts, n_gpu_layers=layers)
+        if opts.aux_threads is not None:
+            aux_opts = replace(aux_opts, threads=opts.aux_threads)
         aux = load_backend(  # the aux stays on this machine: no rpc
             Path(aux_path),
             n_ctx + layout.aux_cells,

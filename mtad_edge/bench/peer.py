@@ -283,6 +283,7 @@ class Column:
         score: Optional[Callable[[list[int], list[int]], Any]] = None,
         say: Callable[[str], None] = lambda line: None,
         ready_s: float = 600.0,
+        aux_threads: Optional[int] = None,
     ):
         self.exe, self.target, self.aux, self.base = exe, target, aux, base
         self.prompts, self.prompt_ids, self.score, self.say, self.ready_s = prompts, prompt_ids, score, say, ready_s
@@ -294,7 +295,7 @@ class Column:
         self.common += ["--no-repack"] if uses_amx() and not amx else []
         self.common += placement_flags("-ngl", gpu_layers[0])
         self.aux_flags = placement_flags("-ngld", gpu_layers[1])
-        self.threads = threads
+        self.threads = aux_threads or threads  # the draft model's (-td), as ours
         self.rows: list[dict[str, Any]] = []
         self.error: Optional[str] = None
         self.no_draft: Optional[str] = None if aux is not None else "the pair has no aux"

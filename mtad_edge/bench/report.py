@@ -53,7 +53,8 @@ def report_markdown(results: dict) -> str:
         f"max {cfg['max_tokens']} tokens, "
         f"temperature {cfg['temperature']}, "
         f"top-k {cfg['top_k']}, top-p {cfg['top_p']}, gamma {cfg['gamma']}, beam width {cfg['beam_width']}, "
-        f"threshold {cfg['accept_threshold']}, {cfg['threads']} threads.",
+        f"threshold {cfg['accept_threshold']}, {cfg['threads']} threads"
+        + (f" ({cfg['aux_threads']} for the aux)." if cfg.get("aux_threads") else "."),
         *_amx_line(results.get("machine") or {}),
         "",
         "| variant | tok/s (min-max) | x ar | x sd | TTFT s | block eff. | acceptance | PPL | PPL x ar "

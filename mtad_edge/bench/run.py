@@ -230,6 +230,8 @@ CONTROLLER_KEYS = (
     "lookup_drafted",
     "lookup_accepted",
     "alone_steps",
+    "ahead_drafts",
+    "ahead_hits",
 )
 VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 

@@ -34,6 +34,7 @@ SHORT = {
     "verify": "v",
     "no_repeat": "nr",
     "repeat_penalty": "rp",
+    "draft_ahead": "ahead",
 }
 LONG = {v: k for k, v in SHORT.items()}
 

@@ -290,6 +290,7 @@ def bench(
                 gpu_layers=(model.options.n_gpu_layers, aux_gpu_layers(engine.pair, model.options)),
                 score=engine.score,
                 say=_say,
+                aux_threads=model.options.aux_threads,
             )
             column.probe()
             total += repeats * len(prompts) * len(column.settings)
@@ -331,6 +332,7 @@ def bench(
             "accept_threshold": base.accept_threshold,
             "seed": base.seed,
             "threads": threads,
+            "aux_threads": model.options.aux_threads,
             "prompts_file": prompts_file or "default",
             "preset": preset,
             "judge": judge_info,

@@ -128,6 +128,7 @@ _MODEL_FIELDS = (
     "aux",
     "n_ctx",
     "threads",
+    "aux_threads",
     "n_gpu_layers",
     "aux_gpu_layers",
     "flash_attn",
@@ -189,6 +190,12 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Tokens of prompt and answer the context holds (default: the pair's, else 2048).",
         ),
         click.option("--threads", type=click.IntRange(1, THREADS_MAX), help="CPU threads (default: all usable cores)."),
+        click.option(
+            "--aux-threads",
+            type=click.IntRange(1, THREADS_MAX),
+            help="The aux's own CPU threads (llama.cpp's -td; default: as --threads). With --draft-ahead on "
+            "and both models on the CPU, give each its own cores: --threads 1 --aux-threads 1 on two.",
+        ),
         click.option(
             "--n-gpu-layers",
             type=click.IntRange(min=-1, max=GPU_LAYERS_MAX),
