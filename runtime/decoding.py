@@ -407,12 +407,20 @@ class Generation:
         if left < 2 or len(self.tokens) + len(draft.tokens) + 1 > self._room():
             return None
         assert self.drafter is not None
+        # Where the costs are known, an aux call that would end after the verify is expected to is
+        # not started (the loop would wait for it), and where the guess's call alone would, none is.
+        m, until = self.model, None
+        if m.target.known and m.aux.known:
+            verify = m.target(len(draft.tokens) + 1)
+            if verify < m.aux(1):
+                return None
+            until = (self.clock, self.clock() + verify, m.aux)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mtad-draft-ahead")
         gamma, width = plan.gamma, plan.width
         rng = self._draft_rng(self._steps + 1)
         return self._pool.submit(
-            self.drafter.ahead, self.tokens, draft, gamma, width, self._q_rows, self._keep_going, rng, stop
+            self.drafter.ahead, self.tokens, draft, gamma, width, self._q_rows, self._keep_going, rng, stop, until
         )
 
     def _take(self, ahead: Optional[Ahead], plan: Plan) -> Optional[Draft]:

@@ -32,6 +32,8 @@ KeepGoing = Callable[[int, float], bool]
 # A draft being made: it pauses between depths (after a depth's beams are chosen, before the aux
 # call for the next) and returns the Draft
 Drafting = Generator[None, None, "Draft"]
+# A draft ahead's bound: (the clock, the time by which its calls should end, an aux call's seconds by rows)
+Until = tuple[Callable[[], float], float, Callable[[int], float]]
 
 
 @dataclass
@@ -81,16 +83,24 @@ class Ahead:
     drafting: Drafting
     draft: Optional[Draft] = None  # once finished
     seconds: float = 0.0  # spent drafting ahead (the guess's aux call aside)
+    calls: int = 0  # aux calls made so far
 
-    def advance(self, stop: Optional[threading.Event] = None) -> Optional[Draft]:
-        """Draft on, depth by depth, until done or ``stop`` is set (checked between depths)."""
+    def advance(self, stop: Optional[threading.Event] = None, until: Optional[Until] = None) -> Optional[Draft]:
+        """Draft on, depth by depth, until done or ``stop`` is set (checked between depths), or
+        ``until`` = (clock, deadline, seconds of an aux call by rows) says the next call would not
+        end by the deadline (the verify's expected end: a call still running then is waited for)."""
         clock = time.perf_counter
         while self.draft is None and (stop is None or not stop.is_set()):
+            if until is not None:
+                now, deadline, call_s = until
+                if now() + call_s(2 if self.calls == 0 else self.width) > deadline:
+                    break
             t0 = clock()
             try:
                 next(self.drafting)
             except StopIteration as done:
                 self.draft = done.value
+            self.calls += 1
             self.seconds += clock() - t0
         return self.draft
 
@@ -194,13 +204,15 @@ class BeamDrafter:
         keep_going: Optional[KeepGoing] = None,
         rng: Optional[np.random.Generator] = None,
         stop: Optional[threading.Event] = None,
+        until: Optional[Until] = None,
     ) -> Ahead:
         """While the target verifies ``last`` (this drafter's last draft after ``tokens``), draft
         the next block as if the target kept all of it and then drew the token the aux finds
         likeliest after it (the guess). The aux is left as ``propose`` would leave it on that
         text, so a guess that comes true hands over the very draft the next step would make; one
         that does not is undone by ``drop_ahead``. It drafts until ``stop`` is set (the verify is
-        done), between depths; the next step finishes what is left. Shared vocabulary only."""
+        done) or ``until`` bounds it (``Ahead.advance``), between depths; the next step finishes
+        what is left. Shared vocabulary only."""
         assert self.cross is None, "a draft ahead needs the target's vocabulary"
         base, cached, n = self._base, self._cached, len(last.tokens)
         self.commit(n)  # as if every drafted token were kept: the aux holds x_1..x_{n-1}
@@ -216,7 +228,7 @@ class BeamDrafter:
 
         drafting = self._drafting([*kept, guess], gamma, width, rows, ask, rng)
         ahead = Ahead(guess, gamma, width, asked, base, cached, drafting)
-        ahead.advance(stop)
+        ahead.advance(stop, until)
         return ahead
 
     def drop_ahead(self, ahead: Ahead, k: Optional[int] = None) -> None:

@@ -153,7 +153,7 @@ print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r
   # the pair, its stand-ins, the runs: each run kept in $park/runs, so a call that runs out of time
   # leaves the rest to the next (`call2` again, nothing carried: done runs are not run again)
   # 4 of the default prompts: llama-server starts once per prompt-run and setting (24 loads of x8)
-  local factors=${GPU_RUN_FACTORS:-8 12} tokens=${GPU_RUN_TOKENS:-64} n=${GPU_RUN_PROMPTS:-4} k mem need first
+  local factors=${GPU_RUN_FACTORS:-8 12} tokens=${GPU_RUN_TOKENS:-64} n=${GPU_RUN_PROMPTS:-4} k mem need first peer
   ngl=() prompts=$park/prompts.jsonl
   if [[ $dry == 1 ]]; then
     factors=${GPU_RUN_FACTORS:-2} tokens=${GPU_RUN_TOKENS:-16} n=${GPU_RUN_PROMPTS:-2} ngl=(--n-gpu-layers 0)
@@ -165,6 +165,8 @@ print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 || echo 0)
   mkdir -p "$park/runs"
   last=${last:-150}  # seconds the last bench took; the first is guessed
+  peer=()  # llama-server's column where the build has it (a prebuilt library may come without)
+  [[ -x $bin/llama-server ]] && peer=(--llama-server "$bin/llama-server") || echo "call2: no llama-server in $bin: ours alone"
   for k in $factors; do
     need=$((k * k * 217 * 22 / 10))  # MiB: x1's F16 is 217 MiB; ours and llama-server's copies, their caches
     [[ $dry == 1 || $mem == 0 ]] || ((mem > need)) || { echo "call2: x$k skipped: $mem MiB of GPU memory, $need needed"; continue; }
@@ -174,9 +176,9 @@ print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r
       # (beside the GPU's verify) and on the GPU (a context of its own)
       bench_once "x$k-t1-auxcpu" "$w" --methods ar,sd,mtad --temperature 1 --aux-gpu-layers 0 \
         --variant "sd draft_ahead=on" --variant "mtad draft_ahead=on" || break
-      bench_once "x$k-t1" "$w" --methods ar,sd,mtad,mmtad --temperature 1 --llama-server "$bin/llama-server" \
+      bench_once "x$k-t1" "$w" --methods ar,sd,mtad,mmtad --temperature 1 "${peer[@]}" \
         --variant "mtad draft_ahead=on" || break
-      bench_once "x$k-t0" "$w" --methods ar,sd,mtad,mmtad --temperature 0 --llama-server "$bin/llama-server" \
+      bench_once "x$k-t0" "$w" --methods ar,sd,mtad,mmtad --temperature 0 "${peer[@]}" \
         --variant "sd draft_ahead=on" || break
     else
       bench_once "x$k-t1" "$w" --methods ar,sd,mtad --temperature 1 || break

@@ -165,3 +165,22 @@ def test_drafting_ahead_on_llama_cpp_gives_the_text_drafting_in_line_gives(smol_
     (inline, _), (out, st) = runs
     assert out == inline and len(out) == 64
     assert st.ahead_drafts > 0 and st.ahead_hits > 0
+
+
+def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
+    """Costs known (a target call 1 ms, an aux call 10 ms): the loop would wait for the aux after
+    every verify, so no draft is made ahead; the text is the in-line one."""
+    from mtad_edge.runtime.controller import Model
+
+    model = Model()
+    for rows in range(1, 6):
+        for _ in range(3):
+            model.target.observe(rows, 0.001)
+            model.aux.observe(rows, 0.010)
+    runs = []
+    for ahead in ("off", "on"):
+        cfg = DecodeConfig("mtad", 40, gamma=4, seed=5, sampling=SamplingConfig(0.0), draft_ahead=ahead)
+        target, aux = FakeLM(salt=1, n_seq_max=5), FakeLM(salt=1, n_seq_max=9)
+        runs.append(generate_tokens(target, aux, PROMPT, cfg, model=model))
+    (inline, _), (out, st) = runs
+    assert out == inline and st.ahead_drafts == 0
