@@ -311,12 +311,10 @@ class Generation:
             self._drop(ahead)
             draft = self._lookup_draft(found[: plan.gamma])
         elif plan.gamma and self.drafter is not None:
-            draft = self._take(ahead, plan)
-            if draft is not None:  # drafted (in part) while the last step verified: that time was hidden
-                assert ahead is not None
-                hidden = ahead.seconds
-            else:
-                draft = self._draft(plan)
+            hidden = ahead.seconds if ahead is not None else 0.0  # drafted while the last step verified
+            draft = self._take(ahead, plan)  # (the rest of it drafted now, in this step's time)
+            if draft is None:
+                hidden, draft = 0.0, self._draft(plan)
             if plan.alone:  # a tree method verifies the best beam alone where its tree does not pay
                 draft = draft.best_only()
                 st.alone_steps += 1

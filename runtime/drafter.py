@@ -82,14 +82,15 @@ class Ahead:
     cached: int  # and the drafted tokens its beams held
     drafting: Drafting
     draft: Optional[Draft] = None  # once finished
-    seconds: float = 0.0  # spent drafting ahead (the guess's aux call aside)
+    seconds: float = 0.0  # spent drafting (the guess's aux call aside)
     calls: int = 0  # aux calls made so far
+    clock: Callable[[], float] = time.perf_counter
 
     def advance(self, stop: Optional[threading.Event] = None, until: Optional[Until] = None) -> Optional[Draft]:
         """Draft on, depth by depth, until done or ``stop`` is set (checked between depths), or
         ``until`` = (clock, deadline, seconds of an aux call by rows) says the next call would not
         end by the deadline (the verify's expected end: a call still running then is waited for)."""
-        clock = time.perf_counter
+        clock = self.clock
         while self.draft is None and (stop is None or not stop.is_set()):
             if until is not None:
                 now, deadline, call_s = until
@@ -227,7 +228,7 @@ class BeamDrafter:
             return answer
 
         drafting = self._drafting([*kept, guess], gamma, width, rows, ask, rng)
-        ahead = Ahead(guess, gamma, width, asked, base, cached, drafting)
+        ahead = Ahead(guess, gamma, width, asked, base, cached, drafting, clock=self.clock)
         ahead.advance(stop, until)
         return ahead
 

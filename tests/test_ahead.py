@@ -184,3 +184,18 @@ def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
         runs.append(generate_tokens(target, aux, PROMPT, cfg, model=model))
     (inline, _), (out, st) = runs
     assert out == inline and st.ahead_drafts == 0
+
+
+@pytest.mark.parametrize("options", [{"no_repeat": 2}, {"repeat_penalty": 3.0}, {"drafter": "ngram+aux"}])
+def test_drafting_ahead_keeps_the_text_with_repeat_rules_and_prompt_lookup(options):
+    """A draft ahead skips the n-grams of the text it bets on (no_repeat indexes that text, then the
+    real one); beside prompt lookup, a step that takes lookup's draft undoes the aux's bet."""
+    (inline, _), (ahead, st) = both(
+        lambda: (FakeLM(salt=1, n_seq_max=5, vocab=4), FakeLM(salt=1, n_seq_max=9, vocab=4)),
+        method="mtad",
+        gamma="auto" if "drafter" in options else 4,
+        sampling=SamplingConfig(1.0, 0, 1.0),
+        **options,
+    )
+    assert ahead == inline and st.ahead_drafts > 0
+    assert st.lookup_drafted > 0 or "drafter" not in options
