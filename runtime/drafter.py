@@ -193,7 +193,13 @@ class BeamDrafter:
         drafter's own)."""
         if self.cross is not None:
             self.cross.catch_up(self.ctx, tokens)
-        return self._propose(self.ctx, gamma, width, rows, keep_going, rng)
+        drafting = self._drafting(self.ctx, gamma, width, rows, keep_going, rng)
+        while True:  # in line: no pause between depths
+            try:
+                next(drafting)
+            except StopIteration as done:
+                draft: Draft = done.value
+                return draft
 
     def ahead(
         self,
@@ -238,23 +244,6 @@ class BeamDrafter:
         ahead.drafting.close()
         self.model.rollback(0, ahead.base + (ahead.cached if k is None else min(k, ahead.cached)))
         self._drop_beams(beam_slots(self._width))
-
-    def _propose(
-        self,
-        ctx: list[int],
-        gamma: int,
-        width: int,
-        rows: bool,
-        keep_going: Optional[KeepGoing],
-        rng: Optional[np.random.Generator],
-    ) -> Draft:
-        drafting = self._drafting(ctx, gamma, width, rows, keep_going, rng)
-        while True:
-            try:
-                next(drafting)
-            except StopIteration as done:
-                draft: Draft = done.value
-                return draft
 
     def _drafting(
         self,
