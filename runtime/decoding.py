@@ -324,7 +324,7 @@ class Generation:
         if self.view.seen is not None and draft is not None:
             self.view.seen.sync(self.tokens)
         stop = threading.Event()  # set when the verify is done: the draft ahead pauses at its next depth
-        pending = self._draft_ahead(plan, draft, stop) if found is None else None
+        pending = self._draft_ahead(plan, draft, stop)  # None for a lookup draft (deterministic)
         try:
             result = self.method.step(self.view, plan.gamma, plan.width, draft)
         finally:
