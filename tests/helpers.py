@@ -507,3 +507,45 @@ def rewrite_gguf(
     head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, len(entries)) + b"".join(entries) + infos
     dest.write_bytes(head + b"\0" * (-len(head) % 32) + tensor_data)
     return dest
+
+
+# -- fake models with vocabularies of their own (drafting across vocabularies) -------------------
+# Token 0 is a control token in both (it prints nothing). The target has "ba" and "cd" the aux
+# lacks; the aux has "dc" and "e" the target lacks; "a", "b", "c", "d", "ab" are shared.
+TARGET_PIECES = [b"", b"a", b"b", b"c", b"ab", b"ba", b"cd", b"d"]
+AUX_PIECES = [b"", b"b", b"a", b"d", b"ab", b"c", b"dc", b"e"]
+PROMPT_PIECES = [1, 2, 3]  # "abc" in the target's vocabulary
+
+
+class PieceLM(FakeLM):
+    """A fake model with a vocabulary of text pieces; tokenize is greedy longest match."""
+
+    def __init__(self, pieces, **kw):
+        super().__init__(vocab=len(pieces), **kw)
+        self.pieces = pieces
+
+    def tokenize(self, text, add_special=True):
+        data, out, i = text.encode(), [], 0
+        while i < len(data):
+            fits = [j for j, p in enumerate(self.pieces) if p and data.startswith(p, i)]
+            if not fits:
+                i += 1
+                continue
+            best = max(fits, key=lambda j: len(self.pieces[j]))
+            out.append(best)
+            i += len(self.pieces[best])
+        return out
+
+    def token_bytes(self, token):
+        return self.pieces[token]
+
+    def vocab_info(self):
+        return VocabInfo("pieces", len(self.pieces), -1, -1, False, lambda i: self.pieces[i] or b"<control>")
+
+
+def cross_pair(target_salt=1, aux_salt=2, sharpness=1.0):
+    target = PieceLM(TARGET_PIECES, salt=target_salt, n_seq_max=17, n_ctx=512, sharpness=sharpness)
+    aux = PieceLM(AUX_PIECES, salt=aux_salt, n_seq_max=9, n_ctx=512, sharpness=sharpness)
+    from mtad_edge.runtime.vocab import map_models
+
+    return target, aux, map_models(target, aux)

@@ -6,52 +6,25 @@ import io
 import numpy as np
 import pytest
 
-from helpers import TWO_TOKEN_RUN, FakeLM, chi2_critical, chi2_stat, exact_two_token_joint
+from helpers import (
+    AUX_PIECES,
+    PROMPT_PIECES,
+    TARGET_PIECES,
+    TWO_TOKEN_RUN,
+    PieceLM,
+    chi2_critical,
+    chi2_stat,
+    cross_pair,
+    exact_two_token_joint,
+)
 from mtad_edge.loader import pair_vocabulary
-from mtad_edge.runtime.backend import VocabInfo
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import IncompatiblePairError
 from mtad_edge.runtime.sampling import filtered_logprobs
 from mtad_edge.runtime.vocab import CrossVocab, VocabMap, build_map, map_models
 
-# Token 0 is a control token in both (it prints nothing). The target has "ba" and "cd" the aux
-# lacks; the aux has "dc" and "e" the target lacks; "a", "b", "c", "d", "ab" are shared.
-TARGET_PIECES = [b"", b"a", b"b", b"c", b"ab", b"ba", b"cd", b"d"]
-AUX_PIECES = [b"", b"b", b"a", b"d", b"ab", b"c", b"dc", b"e"]
-PROMPT = [1, 2, 3]  # "abc" in the target's vocabulary
-
-
-class PieceLM(FakeLM):
-    """A fake model with a vocabulary of text pieces; tokenize is greedy longest match."""
-
-    def __init__(self, pieces, **kw):
-        super().__init__(vocab=len(pieces), **kw)
-        self.pieces = pieces
-
-    def tokenize(self, text, add_special=True):
-        data, out, i = text.encode(), [], 0
-        while i < len(data):
-            fits = [j for j, p in enumerate(self.pieces) if p and data.startswith(p, i)]
-            if not fits:
-                i += 1
-                continue
-            best = max(fits, key=lambda j: len(self.pieces[j]))
-            out.append(best)
-            i += len(self.pieces[best])
-        return out
-
-    def token_bytes(self, token):
-        return self.pieces[token]
-
-    def vocab_info(self):
-        return VocabInfo("pieces", len(self.pieces), -1, -1, False, lambda i: self.pieces[i] or b"<control>")
-
-
-def cross_pair(target_salt=1, aux_salt=2, sharpness=1.0):
-    target = PieceLM(TARGET_PIECES, salt=target_salt, n_seq_max=17, n_ctx=512, sharpness=sharpness)
-    aux = PieceLM(AUX_PIECES, salt=aux_salt, n_seq_max=9, n_ctx=512, sharpness=sharpness)
-    return target, aux, map_models(target, aux)
+PROMPT = PROMPT_PIECES
 
 
 def text(model, ids) -> bytes:
