@@ -28,7 +28,7 @@ def reference(cfg: DecodeConfig) -> int:
 def has_floor(method: str) -> bool:
     """Whether a method's 'auto' floor is a quality floor (a joint draft: mtad, mmtad)."""
     m = methods.get(method)
-    return m.needs_aux and m.min_auto_gamma > 1
+    return m.drafts and m.min_auto_gamma > 1
 
 
 def key(pair: Pair, cfg: DecodeConfig) -> str:

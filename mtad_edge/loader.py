@@ -13,12 +13,14 @@ from typing import Any, Optional
 import mtad_edge.rpc_build as rpc_build
 import mtad_edge.store as store
 from mtad_edge.pairs import GPU_LAYERS_MAX, Pair, valid_gpu_layers
-from mtad_edge.runtime import amx, chat, guard, methods
+from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Backend, Segments
-from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
+from mtad_edge.runtime.backends import amx, guard
+from mtad_edge.runtime.backends.rpc import Placement, gpu_offload, parse_endpoints
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError, json_int, quoted
-from mtad_edge.runtime.rpc import Placement, gpu_offload, parse_endpoints
-from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, VocabMap, map_models
+from mtad_edge.runtime.text import chat
+from mtad_edge.runtime.text.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
+from mtad_edge.runtime.text.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
 # llama.cpp's GGML_MAX_N_THREADS: its CPU backend keeps per-thread state in arrays this long, and a
@@ -91,7 +93,7 @@ def load_backend(
     ``rpc``: the rpc servers' devices its layers go to (a llama.cpp model; the caller closes it).
     ``one_row``: a model called mostly a row at a time (the aux; LlamaCppConfig.one_row)."""
     if _backend_for(path, opts.backend) == "onnx":
-        from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
+        from mtad_edge.runtime.backends.ort_backend import OrtBackend, OrtConfig
 
         cfg = OrtConfig(
             n_ctx=n_ctx,
@@ -103,7 +105,7 @@ def load_backend(
             model_facts=StoredModelFacts(),
         )
         return OrtBackend(path, cfg)
-    from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+    from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
     return LlamaCppBackend(
         path,
@@ -138,7 +140,7 @@ def _onnx_build() -> list[Any]:
 
 
 class StoredModelFacts:
-    """Facts a backend derives about a model file once (runtime/guard.py: a child loaded it
+    """Facts a backend derives about a model file once (runtime/backends/guard.py: a child loaded it
     cleanly; its special tokens), kept in the cache by the files' identity and the build that
     read them, so a second load of a known file derives nothing."""
 
@@ -161,7 +163,7 @@ class StoredModelFacts:
 
 
 class StoredAmxCrashes:
-    """The AMX children that crashed (runtime/amx.py), kept in the cache by this build, CPU and
+    """The AMX children that crashed (runtime/backends/amx.py), kept in the cache by this build, CPU and
     kernel, so that later processes skip the child (about 0.3 s of every start)."""
 
     def _record(self, types: tuple[int, ...]) -> Optional[Path]:
@@ -202,7 +204,7 @@ class LoadedPair:
         return self.target.apply_chat_template(messages, template=name)
 
     def chat_segments(self, messages: list[dict[str, str]]) -> Segments:
-        """Messages -> the template's markup and the messages' text, apart (runtime/chat.py), so
+        """Messages -> the template's markup and the messages' text, apart (runtime/text/chat.py), so
         only the markup becomes control tokens."""
         found = chat.segments(self.render_chat, messages)
         if found is not None:
@@ -250,11 +252,11 @@ def rpc_servers(pair: Pair, opts: ModelOptions) -> tuple[str, ...]:
 
 
 def open_placement(servers: tuple[str, ...], target: Path, backend: str) -> Placement:
-    """The checked servers, each behind its guard (runtime/rpc.py), named on stderr before any
+    """The checked servers, each behind its guard (runtime/backends/rpc.py), named on stderr before any
     weight goes out."""
     if _backend_for(target, backend) != "llama.cpp":
         raise MtadEdgeError(f"--rpc places a llama.cpp model's layers; {target} runs on ONNX Runtime")
-    from mtad_edge.runtime.llama_cpp_backend import quiet_llama_logs
+    from mtad_edge.runtime.backends.llama_cpp_backend import quiet_llama_logs
 
     quiet_llama_logs()  # llama.cpp's log (the RPC backend's too) off the terminal
     placement = Placement.open(servers, rpc_build.library())
@@ -323,7 +325,7 @@ def open_pair(
     chosen = [methods.get(m) for m in names]
     if target_path is None:
         raise MtadEdgeError("--aux needs --target")
-    drafting = [m.name for m in chosen if m.needs_aux]
+    drafting = [m.name for m in chosen if m.drafts]
     layout = reduce(lambda a, b: a.union(b), (m.layout(gamma, width) for m in chosen))
     n_ctx = opts.n_ctx or (pair.manifest.context_size if pair.manifest else 2048)
     servers = rpc_servers(pair, opts)
@@ -348,8 +350,8 @@ def open_pair(
             aux_opts = replace(aux_opts, threads=opts.aux_threads)
         aux = load_backend(  # the aux stays on this machine: no rpc
             Path(aux_path),
-            n_ctx + layout.aux_cells,
-            layout.aux_seqs,
+            n_ctx + layout.draft_cells,
+            layout.draft_seqs,
             aux_opts,
             spin=False,
             positions=n_ctx,

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Optional
 
 import mtad_edge.store as store
-from mtad_edge.runtime import rpc
-from mtad_edge.runtime.amx import mapped_libraries
+from mtad_edge.runtime.backends import rpc
+from mtad_edge.runtime.backends.amx import mapped_libraries
 from mtad_edge.runtime.errors import RpcError
 
 LIBRARY = "libggml-rpc.so"  # ggml_backend_load_all() in the server looks for libggml-<name>.so beside it
@@ -193,7 +193,7 @@ def _extract(archive: Path, dest: Path) -> None:
 
 
 def _check_protocol(root: Path) -> None:
-    """The tree's RPC protocol is the one runtime/rpc.py parses."""
+    """The tree's RPC protocol is the one runtime/backends/rpc.py parses."""
     header = (root / "ggml/include/ggml-rpc.h").read_text(errors="replace")
     found = tuple(
         int(m.group(1)) if (m := re.search(rf"RPC_PROTO_{part}_VERSION\s+(\d+)", header)) else -1

@@ -1,12 +1,13 @@
 """mtad_edge.runtime: backends and decoders. Installed as ``mtad_edge.runtime``.
 
-Heavy backends are imported lazily: ``from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend``.
+Heavy backends are imported lazily: ``from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend``.
 """
 
 from .backend import Backend, Batch, VocabInfo
 from .config import DecodeConfig, SamplingConfig
-from .decoding import Generation, Stats
+from .decoding import Generation
 from .errors import ContextOverflowError, IncompatiblePairError, ModelLoadError, MtadEdgeError, OptionError
+from .stats import Stats
 
 __all__ = [
     "Backend",

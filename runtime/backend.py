@@ -63,7 +63,7 @@ class VocabInfo:
 
 
 # Text in pieces, each saying whether special tokens written in it become control tokens (a chat
-# template's markup) or stay text (a message's content): runtime/special.py.
+# template's markup) or stay text (a message's content): runtime/text/special.py.
 Segments = Sequence[tuple[str, bool]]
 
 
@@ -81,7 +81,7 @@ class Backend(Protocol):
 
     def tokenize_segments(self, segments: Segments, add_special: bool = True, limit: Optional[int] = None) -> list[int]:
         """Text given as segments, special tokens parsed only in those that say so; ``limit``:
-        runtime/special.py's TooLong as soon as the text is known to make more tokens."""
+        runtime/text/special.py's TooLong as soon as the text is known to make more tokens."""
         ...
 
     def token_bytes(self, token: int) -> bytes: ...

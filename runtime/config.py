@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from . import methods
+from . import drafting, methods
 from .errors import OptionError
 from .options import AUTO, OPTIONS, check, default
 
@@ -77,19 +77,9 @@ class DecodeConfig:
             )
 
     @property
-    def draft_sources(self) -> tuple[bool, bool]:
-        """(the aux model drafts, prompt lookup drafts) as the drafter option asks. 'auto': the aux,
-        and prompt lookup beside it where the controller chooses the draft (gamma 'auto'), since it
-        prices a free draft apart and takes it only where it pays; a fixed gamma pins the aux's drafts."""
-        if self.drafter == AUTO:
-            return True, self.gamma == AUTO
-        names = self.drafter.split("+")
-        return "aux" in names, "ngram" in names
-
-    @property
     def drafts_with_aux(self) -> bool:
-        """Whether the request drafts with the aux model (a drafting method, the aux among its drafters)."""
-        return methods.get(self.method).needs_aux and self.draft_sources[0]
+        """Whether the request drafts with the aux model (a drafting method, a drafter that uses it)."""
+        return methods.get(self.method).drafts and drafting.uses_aux_model(self.drafter)
 
     @property
     def max_gamma(self) -> int:

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .drafting import choices as drafter_choices
+from .drafting.base import AUTO, AUTO_WIDTH_MAX
 from .errors import OptionError, quoted
 from .methods import names as method_names
 
-AUTO = "auto"
+__all__ = ["AUTO", "AUTO_WIDTH_MAX", "OPTIONS", "Option", "check", "default"]
 
 
 @dataclass(frozen=True)
@@ -120,12 +122,10 @@ def _is_number(v: Any, integral: bool) -> bool:
 
 
 TREES = ("final", "full")
-DRAFTERS = (AUTO, "aux", "ngram", "ngram+aux")
 NO_REPEAT_MAX = 8  # longer n-grams hardly ever repeat within a context: nothing left to skip
 REPEAT_N = 4  # the n-grams repeat_penalty counts: the bench's rep-4 measures these
 REPEAT_PENALTY_MAX = 1e6  # a bar no block that repeats can clear
 VERIFY_RULES = ("block", "token")
-AUTO_WIDTH_MAX = 4  # the widest beam 'auto' width may pick when nothing larger was loaded
 GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
 WIDTH_MAX = 8  # the widest beam; MMTAD's full tree then has at most 8 x 16 nodes
 SEED_MAX = 2**64 - 1
@@ -206,7 +206,7 @@ OPTIONS: dict[str, Option] = {
             "the last tokens, no model), or lookup where it finds a match and the aux otherwise (ngram+aux); "
             "auto: ngram+aux with --gamma auto (lookup drafts where the controller finds they pay), the aux "
             "model with a fixed gamma.",
-            choices=lambda: DRAFTERS,
+            choices=drafter_choices,
         ),
         Option(
             "verify",

@@ -71,7 +71,7 @@ class FakeLM:
         return [ord(c) % self.n_vocab for c in text]
 
     def tokenize_segments(self, segments, add_special: bool = True, limit=None) -> list[int]:
-        from mtad_edge.runtime.special import TooLong
+        from mtad_edge.runtime.text.special import TooLong
 
         ids = self.tokenize("".join(text for text, _ in segments), add_special)
         if limit is not None and len(ids) > limit:
@@ -222,7 +222,7 @@ TWO_TOKEN_RUN = 4
 def exact_two_token_joint(target, prompt, cfg) -> np.ndarray:
     """The exact distribution of the first two tokens a target alone samples after ``prompt``
     (flattened V x V), for chi-square tests of losslessness."""
-    from mtad_edge.runtime.sampling import filtered_logprobs
+    from mtad_edge.runtime.rules.sampling import filtered_logprobs
 
     p1 = np.exp(filtered_logprobs(target.logits_for(list(prompt)), cfg))
     joint = np.zeros((target.n_vocab, target.n_vocab))
@@ -266,6 +266,11 @@ def generate_tokens(target, aux, prompt, cfg, **kw):
 
     gen = Generation(target, aux, prompt, cfg, **kw)
     return [t for block in gen for t in block], gen.stats
+
+
+def counted(st, drafter: str, what: str = "drafted"):
+    """A drafter's counter in a run's stats (``Stats.drafters``): 0 where it did not take part."""
+    return st.drafters.get(drafter, {}).get(what, 0)
 
 
 def greedy(target, aux, ids, n: int, method: str = "ar", drafter: str = "auto"):
@@ -546,6 +551,6 @@ class PieceLM(FakeLM):
 def cross_pair(target_salt=1, aux_salt=2, sharpness=1.0):
     target = PieceLM(TARGET_PIECES, salt=target_salt, n_seq_max=17, n_ctx=512, sharpness=sharpness)
     aux = PieceLM(AUX_PIECES, salt=aux_salt, n_seq_max=9, n_ctx=512, sharpness=sharpness)
-    from mtad_edge.runtime.vocab import map_models
+    from mtad_edge.runtime.text.vocab import map_models
 
     return target, aux, map_models(target, aux)

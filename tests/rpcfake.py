@@ -1,5 +1,5 @@
 """A ggml-rpc-server of protocol 7 in Python, enough of it for the RPC checks and the guard
-(runtime/rpc.py) without llama.cpp, and a client that speaks as llama.cpp's does."""
+(runtime/backends/rpc.py) without llama.cpp, and a client that speaks as llama.cpp's does."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import struct
 import threading
 from typing import Optional
 
-from mtad_edge.runtime.rpc import CONN_CAPS, REPLY, Cmd
+from mtad_edge.runtime.backends.rpc import CONN_CAPS, REPLY, Cmd
 
 
 class FakeServer:

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from helpers import FakeLM, generate_tokens
+from helpers import FakeLM, counted, generate_tokens
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.drafter import Ahead
+from mtad_edge.runtime.drafting.beams import Ahead
 from mtad_edge.runtime.errors import OptionError
 
 PROMPT = [1, 2, 3]
@@ -54,10 +54,12 @@ def test_drafting_ahead_gives_the_text_drafting_in_line_gives(method, sampling, 
     )
     assert ahead == inline
     assert st.gamma_hist == st_inline.gamma_hist and st.accepted == st_inline.accepted
-    assert st_inline.ahead_drafts == 0 and st.ahead_drafts > 0
-    assert 0 <= st.ahead_hits <= st.ahead_drafts
+    assert counted(st_inline, "aux", "ahead_drafts") == 0 and counted(st, "aux", "ahead_drafts") > 0
+    assert 0 <= counted(st, "aux", "ahead_hits") <= counted(st, "aux", "ahead_drafts")
     if method == "sd" and aux_salt == 1 and sampling.greedy and gamma != "auto":  # its own greedy draft: all kept
-        assert st.ahead_hits >= st.ahead_drafts - 1  # (the last one taken by a step that does not come)
+        assert (
+            counted(st, "aux", "ahead_hits") >= counted(st, "aux", "ahead_drafts") - 1
+        )  # (the last one taken by a step that does not come)
 
 
 def test_a_draft_ahead_paused_by_the_verify_is_finished_by_the_next_step(monkeypatch):
@@ -78,7 +80,7 @@ def test_a_draft_ahead_paused_by_the_verify_is_finished_by_the_next_step(monkeyp
         max_tokens=40,
         sampling=SamplingConfig(0.0),
     )
-    assert ahead == inline and st.ahead_hits > 0 and any(resumed)
+    assert ahead == inline and counted(st, "aux", "ahead_hits") > 0 and any(resumed)
 
 
 def test_the_aux_drafts_ahead_on_its_own_thread_while_the_target_verifies():
@@ -123,7 +125,7 @@ def test_drafting_ahead_stops_where_the_run_stops():
     blocks = iter(gen)
     next(blocks), next(blocks)
     blocks.close()  # type: ignore[attr-defined]
-    assert gen._pool is None
+    assert gen.drafters["aux"].ahead._pool is None
     assert not [t for t in threading.enumerate() if t.name.startswith("mtad-draft-ahead")]
     again, _ = generate_tokens(target, aux, PROMPT, cfg)
     assert again == generate_tokens(FakeLM(salt=1, n_seq_max=5), FakeLM(salt=1, n_seq_max=9), PROMPT, cfg)[0]
@@ -136,7 +138,7 @@ def test_methods_without_a_straight_aux_draft_run_as_without_it():
         (inline, _), (ahead, st) = both(
             lambda: (FakeLM(salt=1, n_seq_max=5), FakeLM(salt=2, n_seq_max=9)), method=method, gamma=3
         )
-        assert ahead == inline and st.ahead_drafts == 0
+        assert ahead == inline and counted(st, "aux", "ahead_drafts") == 0
 
 
 def test_draft_ahead_is_an_option_with_words_for_a_bad_value():
@@ -164,13 +166,13 @@ def test_drafting_ahead_on_llama_cpp_gives_the_text_drafting_in_line_gives(smol_
         runs.append(generate_tokens(target, aux, ids, cfg, reuse=False))
     (inline, _), (out, st) = runs
     assert out == inline and len(out) == 64
-    assert st.ahead_drafts > 0 and st.ahead_hits > 0
+    assert counted(st, "aux", "ahead_drafts") > 0 and counted(st, "aux", "ahead_hits") > 0
 
 
 def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
     """Costs known (a target call 1 ms, an aux call 10 ms): the loop would wait for the aux after
     every verify, so no draft is made ahead; the text is the in-line one."""
-    from mtad_edge.runtime.controller import Model
+    from mtad_edge.runtime.drafting.controller import Model
 
     model = Model()
     for rows in range(1, 6):
@@ -183,7 +185,7 @@ def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
         target, aux = FakeLM(salt=1, n_seq_max=5), FakeLM(salt=1, n_seq_max=9)
         runs.append(generate_tokens(target, aux, PROMPT, cfg, model=model))
     (inline, _), (out, st) = runs
-    assert out == inline and st.ahead_drafts == 0
+    assert out == inline and counted(st, "aux", "ahead_drafts") == 0
 
 
 @pytest.mark.parametrize("options", [{"no_repeat": 2}, {"repeat_penalty": 3.0}, {"drafter": "ngram+aux"}])
@@ -197,5 +199,5 @@ def test_drafting_ahead_keeps_the_text_with_repeat_rules_and_prompt_lookup(optio
         sampling=SamplingConfig(1.0, 0, 1.0),
         **options,
     )
-    assert ahead == inline and st.ahead_drafts > 0
-    assert st.lookup_drafted > 0 or "drafter" not in options
+    assert ahead == inline and counted(st, "aux", "ahead_drafts") > 0
+    assert counted(st, "ngram") > 0 or "drafter" not in options

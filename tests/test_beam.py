@@ -11,7 +11,7 @@ from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.methods import get
-from mtad_edge.runtime.sampling import filtered_logprobs
+from mtad_edge.runtime.rules.sampling import filtered_logprobs
 
 PROMPT = [1, 2, 3, 4]
 
@@ -32,9 +32,9 @@ def joint(target, context, window, sampling):
 
 def test_layout_and_registry():
     m = get("beam")
-    assert not m.needs_aux and m.uses_beams
+    assert not m.drafts and m.uses_beams
     lay = m.layout(4, 3)
-    assert lay.target_seqs == 7 and lay.aux_seqs == 0 and lay.aux_cells == 0
+    assert lay.target_seqs == 7 and lay.draft_seqs == 0 and lay.draft_cells == 0
     assert lay.target_cells == 2 * 3 * 3 + 2  # two banks of w x (gamma - 1) beam cells + pending
 
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from helpers import FakeLM, scripted_pair
-from mtad_edge.runtime.acceptance import Acceptance, Beams
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.controller import Controller, Model, Plan
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.drafter import Draft
+from mtad_edge.runtime.drafting.acceptance import Acceptance, Beams
+from mtad_edge.runtime.drafting.base import Draft
+from mtad_edge.runtime.drafting.controller import Controller, Model, Plan
 from mtad_edge.runtime.methods import StepView, get
 
 
@@ -144,8 +144,8 @@ def test_the_loop_learns_the_live_beams_of_its_drafts():
         )
         gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
         [t for b in gen for t in b]
-        assert isinstance(gen.controller, Controller)
-        assert shares(gen.controller.acc.beams, 3, 2) == rows  # top-k 1 leaves one candidate a depth
+        assert isinstance(gen.drafters["aux"].ctrl, Controller)
+        assert shares(gen.drafters["aux"].ctrl.acc.beams, 3, 2) == rows  # top-k 1 leaves one candidate a depth
 
 
 @pytest.mark.parametrize(("method", "temperature"), [("mmtad", 1.0), ("mmtad", 0.0), ("mtad", 1.0)])
@@ -156,9 +156,9 @@ def test_mtad_auto_floor_and_following_hold_only_when_sampling(method, temperatu
     clock, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda r: 0.001 * r)
     cfg = DecodeConfig(method, 8, gamma="auto", sampling=SamplingConfig(temperature))
     gen = Generation(target, aux, [1, 2, 3], cfg, clock=clock)
-    assert isinstance(gen.controller, Controller)
-    assert gen.controller.gammas[0] == (4 if temperature > 0 else 0)
-    assert gen.controller.acc.follow == (temperature > 0)
+    assert isinstance(gen.drafters["aux"].ctrl, Controller)
+    assert gen.drafters["aux"].ctrl.gammas[0] == (4 if temperature > 0 else 0)
+    assert gen.drafters["aux"].ctrl.acc.follow == (temperature > 0)
     assert len([t for b in gen for t in b]) == 8
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from helpers import generate_tokens, record_drafts, scripted_pair
-from mtad_edge.runtime import controller
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.controller import Acceptance, Controller, Costs, Delivered, FixedController, Model, Plan
 from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.drafting import controller
+from mtad_edge.runtime.drafting.controller import Acceptance, Controller, Costs, Delivered, FixedController, Model, Plan
 
 
 def simulate(ctrl: Controller, steps: int, target_s, aux_s, accept_p, rng, max_gamma: int = 8, catchup_s=None):
@@ -294,9 +294,9 @@ def test_greedy_a_beam_width_is_a_cap_the_controller_chooses_under(method):
     against sd's 54.8 %). Sampling, the width given stays fixed (it sets MTAD's quality)."""
     _, target, aux = scripted_pair(aux_salt=2, aux_cost=lambda rows: 0.001 * rows)
     greedy = Generation(target, aux, [1, 2, 3], auto(method, sampling=SamplingConfig(temperature=0.0), beam_width=3))
-    assert greedy.controller.widths == [1, 2, 3] and greedy.max_width == 3
+    assert greedy.drafters["aux"].ctrl.widths == [1, 2, 3] and greedy.drafters.max_width == 3
     sampled = Generation(target, aux, [1, 2, 3], auto(method, beam_width=3))
-    assert sampled.controller.widths == [3]
+    assert sampled.drafters["aux"].ctrl.widths == [3]
     ar, _ = generate_tokens(target, None, [1, 2, 3], DecodeConfig("ar", 300, sampling=SamplingConfig(temperature=0.0)))
     out, st = generate_tokens(target, aux, [1, 2, 3], auto(method, sampling=SamplingConfig(temperature=0.0)))
     assert out == ar and set(st.width_hist) - {1, 2, 3, 4} == set()

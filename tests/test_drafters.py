@@ -12,6 +12,7 @@ from helpers import (
     FakeLM,
     chi2_critical,
     chi2_stat,
+    counted,
     deterministic_q,
     exact_two_token_joint,
     fake_engine,
@@ -19,11 +20,12 @@ from helpers import (
 )
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.drafter import Draft
+from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.drafting.base import Draft
+from mtad_edge.runtime.drafting.lookup import MATCH_EDGES
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.methods import StepView, get
-from mtad_edge.runtime.ngram import MATCH_EDGES
-from mtad_edge.runtime.sampling import filtered_logprobs
+from mtad_edge.runtime.rules.sampling import filtered_logprobs
 
 REPEATS = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # the last bigram recurs: lookup drafts "3 4 1 2"
 GREEDY = SamplingConfig(temperature=0.0)
@@ -42,7 +44,7 @@ def test_sd_with_lookup_drafts_keeps_the_target_distribution(drafter, verify):
         cfg = DecodeConfig("sd", TWO_TOKEN_RUN, gamma=3, drafter=drafter, verify=verify, sampling=sampling, seed=seed)
         out, st = generate_tokens(target, aux, REPEATS, cfg)
         counts[out[0] * target.n_vocab + out[1]] += 1
-        looked_up += st.lookup_drafted
+        looked_up += counted(st, "ngram")
     stat, df = chi2_stat(counts, exact_two_token_joint(target, REPEATS, sampling))
     assert looked_up >= 3000 and stat < chi2_critical(df)
 
@@ -60,7 +62,10 @@ def test_seeded_sd_with_lookup_drafts_writes_the_text_of_seeded_ar(gamma):
         cfg = DecodeConfig("sd", 40, gamma=gamma, drafter="ngram", sampling=sampling, seed=seed)
         out, st = generate_tokens(target, None, REPEATS, cfg)
         assert out == ar
-        drafted, accepted = drafted + st.lookup_drafted, accepted + st.lookup_accepted
+        drafted, accepted = (
+            drafted + counted(st, "ngram"),
+            accepted + counted(st, "ngram", "accepted"),
+        )
     assert 0 < accepted < drafted  # drafts were kept and drafts were cut
 
 
@@ -86,11 +91,15 @@ def test_greedy_lookup_drafting_gives_greedy_ar(method, drafter, gamma):
     cfg = DecodeConfig(method, 60, gamma=gamma, drafter=drafter, sampling=GREEDY)
     out, st = generate_tokens(target, aux if drafter != "ngram" else None, REPEATS, cfg)
     assert out == ar
-    assert st.lookup_drafted > 0 and st.lookup_accepted <= st.lookup_drafted  # a 5-token vocabulary repeats itself
+    assert counted(st, "ngram") > 0 and st.drafters.get("ngram", {}).get("accepted", 0) <= counted(
+        st, "ngram"
+    )  # a 5-token vocabulary repeats itself
     if drafter == "ngram":
-        assert st.drafted == st.lookup_drafted and st.accepted == st.lookup_accepted
+        assert st.drafted == counted(st, "ngram") and st.accepted == st.drafters.get("ngram", {}).get("accepted", 0)
     else:
-        assert st.drafted > st.lookup_drafted  # where lookup found nothing, the aux drafted
+        assert st.drafted > st.drafters.get("ngram", {}).get(
+            "drafted", 0
+        )  # where lookup found nothing, the aux drafted
 
 
 @pytest.mark.parametrize("method", ["sd", "mtad", "mmtad"])
@@ -102,11 +111,13 @@ def test_the_default_drafter_adds_lookup_where_the_controller_chooses_the_draft(
     looked_up = {}
     for gamma in ("auto", 3):
         cfg = DecodeConfig(method, 60, gamma=gamma, sampling=GREEDY)
-        assert cfg.drafter == "auto" and cfg.draft_sources == (True, gamma == "auto")
-        out, st = generate_tokens(target, aux, REPEATS, cfg)
+        assert cfg.drafter == "auto"
+        gen = Generation(target, aux, REPEATS, cfg)
+        assert [d.name for d in gen.drafters.drafters] == (["ngram", "aux"] if gamma == "auto" else ["aux"])
+        out, st = [t for block in gen for t in block], gen.stats
         assert out == ar
-        looked_up[gamma] = st.lookup_drafted
-        assert st.drafted > st.lookup_drafted  # the aux drafted either way
+        looked_up[gamma] = counted(st, "ngram")
+        assert st.drafted > counted(st, "ngram")  # the aux drafted either way
     assert looked_up["auto"] > 0 and looked_up[3] == 0
 
 
@@ -114,7 +125,7 @@ def test_sd_with_the_default_drafter_keeps_the_target_distribution():
     """Under gamma 'auto' the default drafter mixes lookup and aux drafts step by step, as the
     controller chooses from what earlier runs taught it (as an engine's requests share one model):
     the first two tokens are still distributed as the target alone makes them."""
-    from mtad_edge.runtime.controller import Model
+    from mtad_edge.runtime.drafting.controller import Model
 
     sampling, model = SamplingConfig(1.0, 0, 1.0), Model()
     target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
@@ -123,7 +134,10 @@ def test_sd_with_the_default_drafter_keeps_the_target_distribution():
         cfg = DecodeConfig("sd", TWO_TOKEN_RUN, sampling=sampling, seed=seed)
         out, st = generate_tokens(target, aux, REPEATS, cfg, model=model, learn=True)
         counts[out[0] * target.n_vocab + out[1]] += 1
-        looked_up, aux_drafted = looked_up + st.lookup_drafted, aux_drafted + st.drafted - st.lookup_drafted
+        looked_up, aux_drafted = (
+            looked_up + counted(st, "ngram"),
+            aux_drafted + st.drafted - counted(st, "ngram"),
+        )
     stat, df = chi2_stat(counts, exact_two_token_joint(target, REPEATS, sampling))
     assert looked_up > 0 and aux_drafted > 0 and stat < chi2_critical(df)
 
@@ -131,24 +145,23 @@ def test_sd_with_the_default_drafter_keeps_the_target_distribution():
 def test_lookups_of_each_match_class_are_learned_apart(monkeypatch):
     """A copied passage and a chance bigram are accepted at very different rates: each match class
     has its own acceptance, taught by its own drafts only."""
-    from mtad_edge.runtime.controller import Model
-    from mtad_edge.runtime.decoding import Generation
-    from mtad_edge.runtime.ngram import NgramDrafter, match_class
+    from mtad_edge.runtime.drafting.controller import Model
+    from mtad_edge.runtime.drafting.lookup import LookupDrafter, NgramDrafter, match_class
 
     last, drafted_classes = [], set()
-    lookup, lookup_draft = NgramDrafter.lookup, Generation._lookup_draft
+    lookup, lookup_draft = NgramDrafter.lookup, LookupDrafter.draft
 
     def recording_lookup(self, tokens, gamma):
         found = lookup(self, tokens, gamma)
         last[:] = [found]
         return found
 
-    def recording_draft(self, tokens):
+    def recording_draft(self, offer, tokens, step):
         drafted_classes.add(match_class(last[0].matched))
-        return lookup_draft(self, tokens)
+        return lookup_draft(self, offer, tokens, step)
 
     monkeypatch.setattr(NgramDrafter, "lookup", recording_lookup)
-    monkeypatch.setattr(Generation, "_lookup_draft", recording_draft)
+    monkeypatch.setattr(LookupDrafter, "draft", recording_draft)
     clock, model = FakeClock(), Model()
     target = FakeLM(salt=1, n_seq_max=9, clock=clock, cost=lambda rows: 0.010 + 0.0005 * rows)
     model.target.observe(1, 0.0105)  # costs known, as an engine's load-time calibration leaves them
@@ -157,7 +170,7 @@ def test_lookups_of_each_match_class_are_learned_apart(monkeypatch):
     cfg = DecodeConfig("sd", 60, gamma="auto", drafter="ngram", sampling=GREEDY)
     out, st = generate_tokens(target, None, prompt, cfg, model=model, clock=clock)
     ar, _ = generate_tokens(target, None, prompt, DecodeConfig("ar", 60, sampling=GREEDY))
-    assert out == ar and st.lookup_drafted > 0
+    assert out == ar and counted(st, "ngram") > 0
     taught = {
         int(key.rsplit(" m", 1)[1])
         for key, acc in model.acceptance.items()
@@ -170,8 +183,8 @@ def test_beside_lookup_an_idle_aux_is_fed_its_prompt_only_when_it_drafts():
     """Where the aux does not pay its controller stops planning drafts; beside lookup, the next
     request then leaves the aux's prompt unfed until the aux drafts (here: never). A fresh engine,
     or the aux drafting alone, feeds it up front."""
-    from mtad_edge.runtime.controller import Model
-    from mtad_edge.runtime.decoding import AUX_IDLE_PLANS
+    from mtad_edge.runtime.drafting.aux import AUX_IDLE_PLANS
+    from mtad_edge.runtime.drafting.controller import Model
 
     prompt = list(range(40))  # no bigram recurs: lookup finds little
     clock = FakeClock()
@@ -188,7 +201,7 @@ def test_beside_lookup_an_idle_aux_is_fed_its_prompt_only_when_it_drafts():
         aux.clear()
         cfg = DecodeConfig("sd", 30, gamma="auto", drafter=drafter, sampling=GREEDY)
         out, st = generate_tokens(target, aux, prompt, cfg, model=model, clock=clock)
-        assert out == ar and st.drafted == st.lookup_drafted  # the aux never drafted
+        assert out == ar and st.drafted == counted(st, "ngram")  # the aux never drafted
         fed.append(aux.held(0)[: len(prompt) - 1] == prompt[:-1])
     idle = [acc.since_draft for key, acc in model.acceptance.items() if "lookup" not in key]
     assert max(idle) >= AUX_IDLE_PLANS
@@ -199,40 +212,41 @@ def test_beside_an_aux_that_plans_a_plain_step_lookup_drafts_as_it_chose(monkeyp
     """Lookup's controller chose its draft over a plain step by its own measure (its forecasts
     scaled by what its steps delivered); an aux planning a plain step does not overrule it, while
     an aux planning a faster draft does."""
-    from mtad_edge.runtime.controller import Controller, Plan
     from mtad_edge.runtime.decoding import Generation
+    from mtad_edge.runtime.drafting.controller import Controller, Plan
 
     target, aux = FakeLM(salt=1, n_seq_max=9), FakeLM(salt=2, n_seq_max=9)
     cfg = DecodeConfig("sd", 8, gamma="auto", drafter="ngram+aux", sampling=GREEDY)
     gen = Generation(target, aux, [0, 3] + [1, 2, 3, 4] * 5, cfg)
-    assert isinstance(gen.controller, Controller)
+    aux_ctrl = gen.drafters["aux"].ctrl
+    assert isinstance(aux_ctrl, Controller)
     lookup_plan = Plan(3, 1, tokens=2.0, seconds=0.02)  # 100 tokens/s as forecast, unscaled
-    for ctrl in gen.lookup_controllers:
+    for ctrl in gen.drafters["ngram"].ctrls:
         monkeypatch.setattr(ctrl, "plan", lambda max_gamma, lag=0: lookup_plan)
     for aux_plan, drafts_lookup in ((Plan(0, 1, 1.0, 0.005), True), (Plan(4, 1, 4.0, 0.02), False)):
-        monkeypatch.setattr(gen.controller, "plan", lambda max_gamma, lag=0, p=aux_plan: p)
-        plan, _, found, _ = gen._plan()
-        assert (plan is lookup_plan and found is not None) == drafts_lookup
-        assert drafts_lookup or (plan is aux_plan and found is None)
+        monkeypatch.setattr(aux_ctrl, "plan", lambda max_gamma, lag=0, p=aux_plan: p)
+        offer = gen.drafters.choose(gen.tokens, gen._draft_cap(), 1)
+        assert (offer.plan is lookup_plan and offer.found is not None) == drafts_lookup
+        assert drafts_lookup or (offer.plan is aux_plan and offer.drafter is gen.drafters["aux"])
 
 
 def test_a_plain_step_beside_the_aux_earns_lookups_next_probe_too(monkeypatch):
     """Where lookup planned no draft and the aux stepped plainly, the plain step counts toward
     lookup's probe budget as its own plain steps do: else a lookup class that stopped drafting
     beside the aux never probes again (and ngram+aux drafts less than ngram alone)."""
-    from mtad_edge.runtime.controller import Plan
     from mtad_edge.runtime.decoding import Generation
-    from mtad_edge.runtime.ngram import match_class
+    from mtad_edge.runtime.drafting.controller import Plan
+    from mtad_edge.runtime.drafting.lookup import match_class
 
     target, aux = FakeLM(salt=1, n_seq_max=9), FakeLM(salt=2, n_seq_max=9)
     prompt = [0, 3] + [1, 2, 3, 4] * 5
     for drafter in ("ngram", "ngram+aux"):
         cfg = DecodeConfig("sd", 8, gamma="auto", drafter=drafter, sampling=GREEDY)
         gen = Generation(target, aux if drafter != "ngram" else None, prompt, cfg)
-        ctrl = gen.lookup_controllers[match_class(16)]
+        ctrl = gen.drafters["ngram"].ctrls[match_class(16)]
         monkeypatch.setattr(ctrl, "plan", lambda max_gamma, lag=0: Plan(0, 1, 1.0, 0.01))
-        if gen.controller is not None:
-            monkeypatch.setattr(gen.controller, "plan", lambda max_gamma, lag=0: Plan(0, 1, 1.0, 0.01))
+        if drafter != "ngram":
+            monkeypatch.setattr(gen.drafters["aux"].ctrl, "plan", lambda max_gamma, lag=0: Plan(0, 1, 1.0, 0.01))
         gen._prefill()
         before = ctrl.acc.plain_s
         gen._step()

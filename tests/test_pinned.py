@@ -23,7 +23,7 @@ import pytest
 
 from helpers import FakeLM, cross_pair, generate_tokens, scripted_pair
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.controller import Model
+from mtad_edge.runtime.drafting.controller import Model
 
 RECORD = Path(__file__).parent / "data" / "pinned.json"
 RECORDING = os.environ.get("MTAD_PIN_RECORD") == "1"

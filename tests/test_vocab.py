@@ -20,9 +20,10 @@ from helpers import (
 from mtad_edge.loader import pair_vocabulary
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.drafting.cross import CrossVocab
 from mtad_edge.runtime.errors import IncompatiblePairError
-from mtad_edge.runtime.sampling import filtered_logprobs
-from mtad_edge.runtime.vocab import CrossVocab, VocabMap, build_map, map_models
+from mtad_edge.runtime.rules.sampling import filtered_logprobs
+from mtad_edge.runtime.text.vocab import VocabMap, build_map, map_models
 
 PROMPT = PROMPT_PIECES
 
@@ -85,9 +86,9 @@ def test_the_aux_follows_the_committed_text_and_its_cache_stays_consistent(metho
     target, aux, vm = cross_pair(sharpness=0.5)
     gen = Generation(target, aux, PROMPT, DecodeConfig(method, 200, gamma=3, tree=tree, seed=4), vocab=vm)
     [t for b in gen for t in b]
-    drafter, st = gen.drafter, gen.stats
+    drafter, st = gen.drafters["aux"].beams, gen.stats
     cross = drafter.cross
-    assert st.vocab_resyncs == cross.resyncs > 0 and 0 < st.vocab_mapped_share < 1
+    assert st.drafters["aux"]["vocab_resyncs"] == cross.resyncs > 0 and 0 < st.drafters["aux"]["vocab_mapped_share"] < 1
     cross.catch_up(drafter.ctx, gen.tokens)
     assert text(aux, drafter.ctx) == text(target, gen.tokens)
     held = list(aux.held(0))

@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
+from mtad_edge.runtime.backends.llama_cpp_backend import uses_amx
 from mtad_edge.runtime.errors import MtadEdgeError
-from mtad_edge.runtime.llama_cpp_backend import uses_amx
 
 
 def _tool(bin_dir: Path, name: str) -> Path:
@@ -47,7 +47,7 @@ def llama_bench(
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", "0", "-n", str(n_tokens), "-r", "3", "-o", "json"]
     cmd += ["-d", ",".join(map(str, depths)), *flash_attn_flags(flash_attn)]
     # as mtad-edge loads models there (llama_cpp_backend.AMX_FLAG); llama-bench's one-row calls take
-    # AMX's VNNI path, which runs even in builds whose multi-row AMX calls crash (runtime/amx.py)
+    # AMX's VNNI path, which runs even in builds whose multi-row AMX calls crash (runtime/backends/amx.py)
     cmd += ["--repack", "0"] if uses_amx() and not amx else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -108,7 +108,7 @@ def speculative_simple(
     cmd += ["-n", str(n_tokens), "-t", str(threads), "--temp", "0", "--spec-draft-n-max", str(gamma), "-c", str(n_ctx)]
     cmd += flash_attn_flags(flash_attn)
     # as mtad-edge loads models there, less the repacked Q4_0 / Q4_K kernels it names tensor by
-    # tensor (runtime/repack.py): llama.cpp's tools cannot ask for those without AMX's
+    # tensor (runtime/backends/repack.py): llama.cpp's tools cannot ask for those without AMX's
     cmd += ["--no-repack"] if uses_amx() else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     log = proc.stderr

@@ -365,18 +365,18 @@ def _share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
 
 
 def _drafters_table(methods: dict) -> list[str]:
-    """Prompt lookup against the aux: what each drafted and what the target kept of it."""
+    """Where several drafters took part: what each drafted and what the target kept of it."""
     rows = [(m, a["drafters"]) for m, a in methods.items() if a.get("drafters")]
-    if not rows:
+    if not any(sum(d["drafted"] > 0 for d in ds.values()) > 1 or "aux" not in ds for _, ds in rows):
         return []
-    lines = ["", "Drafters (--drafter ngram, ngram+aux): tokens drafted, and the share the target kept:", ""]
-    lines += ["| variant | lookup drafted | lookup kept | aux drafted | aux kept |", "|---|---|---|---|---|"]
-    for m, d in rows:
-        lk, ax = d["lookup"], d["aux"]
-        lines.append(
-            f"| {m} | {lk['drafted']} | {_fmt(lk['acceptance_rate'], '.1%')} | {ax['drafted']} "
-            f"| {_fmt(ax['acceptance_rate'], '.1%')} |"
-        )
+    lines = ["", "Drafters (who drafted, and what the target kept of it):", ""]
+    lines += ["| variant | drafter | steps | drafted | kept | acceptance |", "|---|---|---|---|---|---|"]
+    for m, ds in rows:
+        for name, d in ds.items():
+            lines.append(
+                f"| {m} | {name} | {d.get('steps', 0)} | {d['drafted']} | {d['accepted']} "
+                f"| {_fmt(d['acceptance_rate'], '.1%')} |"
+            )
     return lines
 
 
@@ -417,7 +417,8 @@ def _rpc_table(methods: dict, rpc: Optional[dict]) -> list[str]:
 
 def _vocab_table(methods: dict) -> list[str]:
     """Drafting across vocabularies: the share of generated tokens the aux could draft, resyncs."""
-    rows = [(m, a) for m, a in methods.items() if a.get("vocab_mapped_share") is not None]
+    aux = {m: a["drafters"]["aux"] for m, a in methods.items() if "aux" in (a.get("drafters") or {})}
+    rows = [(m, a) for m, a in aux.items() if a.get("vocab_mapped_share") is not None]
     if not rows:
         return []
     lines = ["", "Across vocabularies (aux with another tokenizer):", ""]

@@ -22,9 +22,9 @@ from mtad_edge.bench.lookup import keepable
 from mtad_edge.bench.quality import quality, run_counts
 from mtad_edge.bench.variants import Variant
 from mtad_edge.engine import Engine, check_text
+from mtad_edge.runtime.backends.rpc import REPLY, Cmd
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, json_problem
-from mtad_edge.runtime.rpc import REPLY, Cmd
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,8 @@ def measure(
         "accept_lengths": st.accept_lengths,
         "finish_reason": st.finish_reason,
         "rpc": traffic,
-        **{k: extra[k] for k in CONTROLLER_KEYS + VOCAB_KEYS if extra.get(k) is not None},
+        **{k: extra[k] for k in CONTROLLER_KEYS if extra.get(k) is not None},
+        "drafters": {name: dict(counters) for name, counters in st.drafters.items()},
         **run_counts(tokens),
         "tokens": tokens,
         # On plain decoding's texts, what a lookup draft could keep at each position (bench/lookup.py).
@@ -217,8 +218,7 @@ def measure(
     }
 
 
-# Stats of the adaptive-drafting controller (gamma/width "auto") and of drafting across
-# vocabularies (an aux with another tokenizer): passed through when present.
+# Stats of the adaptive-drafting controller (gamma/width "auto"): passed through when present.
 CONTROLLER_KEYS = (
     "gamma_hist",
     "width_hist",
@@ -227,13 +227,8 @@ CONTROLLER_KEYS = (
     "predicted_s",
     "controller_s",
     "gamma_min",
-    "lookup_drafted",
-    "lookup_accepted",
     "alone_steps",
-    "ahead_drafts",
-    "ahead_hits",
 )
-VOCAB_KEYS = ("vocab_resyncs", "vocab_mapped_share")
 
 
 def run_bench(
@@ -365,7 +360,6 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
         for r in mine:
             for k in r["accept_lengths"]:
                 hist[str(k)] = hist.get(str(k), 0) + 1
-        mapped = [(r["vocab_mapped_share"], r["generated"]) for r in mine if r.get("vocab_mapped_share") is not None]
         v = (variants or {}).get(label)
         out[label] = {
             "method": mine[0]["method"],
@@ -399,10 +393,6 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             "predicted_over_realised": statistics.median(f / speed for f, speed in forecasts) if forecasts else None,
             "controller_s": sum(r.get("controller_s", 0.0) for r in mine),
             "decode_s": _total(mine, "decode_s"),
-            # Across vocabularies: the share of generated tokens the aux could draft (weighted by
-            # length) and how often target text was re-tokenised for the aux.
-            "vocab_mapped_share": sum(s * n for s, n in mapped) / max(sum(n for _, n in mapped), 1) if mapped else None,
-            "vocab_resyncs": sum(r.get("vocab_resyncs", 0) for r in mine) if mapped else None,
             **quality(mine),
         }
         if all("judge_tokens" in r for r in mine):  # scored by a judge: its tokens, runs it could not hold whole
@@ -471,17 +461,21 @@ def projection(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Option
 
 
 def drafters(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """What each drafter drafted and the target kept, where prompt lookup drafted (None else)."""
-    looked = sum(r.get("lookup_drafted", 0) for r in rows)
-    if not looked:
-        return None
-    kept = sum(r.get("lookup_accepted", 0) for r in rows)
-    drafted, accepted = _total(rows, "drafted"), _total(rows, "accepted")
-    return {
-        "lookup": {"drafted": looked, "accepted": kept, "acceptance_rate": kept / looked},
-        "aux": {
-            "drafted": drafted - looked,
-            "accepted": accepted - kept,
-            "acceptance_rate": (accepted - kept) / (drafted - looked) if drafted > looked else None,
-        },
-    }
+    """Per drafter over the runs (``Stats.drafters``): its counters summed (drafted, accepted,
+    steps, and its own: the aux's ahead_* and vocab_resyncs), a share weighted by the tokens each
+    run generated (the aux's vocab_mapped_share across vocabularies), and its acceptance. None
+    where nothing drafted (ar, beam)."""
+    names = dict.fromkeys(name for r in rows for name in r.get("drafters", {}))
+    out: dict[str, Any] = {}
+    for name in names:
+        runs = [(r["drafters"][name], r["generated"]) for r in rows if name in r.get("drafters", {})]
+        agg: dict[str, Any] = {}
+        for key in dict.fromkeys(k for counters, _ in runs for k in counters):
+            seen = [(c[key], n) for c, n in runs if c.get(key) is not None]
+            if all(isinstance(v, int) for v, _ in seen):
+                agg[key] = sum(v for v, _ in seen)
+            else:
+                agg[key] = sum(v * n for v, n in seen) / max(sum(n for _, n in seen), 1)
+        agg["acceptance_rate"] = agg["accepted"] / agg["drafted"] if agg.get("drafted") else None
+        out[name] = agg
+    return out or None

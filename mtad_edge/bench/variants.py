@@ -83,7 +83,7 @@ def parse_spec(spec: str) -> Variant:
 def _draws(method: str) -> bool:
     """Whether gamma changes what the method does (everything but plain decoding)."""
     m = registry.get(method)
-    return m.needs_aux or m.uses_beams
+    return m.drafts or m.uses_beams
 
 
 def _identity(v: Variant, base: DecodeConfig) -> DecodeConfig:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..drafter import Draft
+from ..drafting.base import Draft
 from .base import Layout, Method, StepResult, StepView, plain_step
 
 
 class AR(Method):
     name = "ar"
     summary = "target only, one token per call"
-    needs_aux = False
+    drafts = False
     min_auto_gamma = 0
 
     def layout(self, gamma: int, width: int, tree: Optional[str] = None) -> Layout:

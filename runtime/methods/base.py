@@ -16,10 +16,10 @@ from typing import ClassVar, Optional, TypeVar
 import numpy as np
 
 from ..backend import Backend, TokenIds, feed
-from ..drafter import Draft
-from ..repeats import Seen
-from ..sampling import Columns, Filter, KeptRows, sample_logits
-from ..verify import greedy_accept_length
+from ..drafting.base import Draft
+from ..rules.repeats import Seen
+from ..rules.sampling import Columns, Filter, KeptRows, sample_logits
+from ..rules.verify import greedy_accept_length
 
 R = TypeVar("R")  # what a step reads from a target call's logits
 
@@ -31,14 +31,14 @@ class Layout:
 
     target_seqs: int = 1
     target_cells: int = 1
-    aux_seqs: int = 0
-    aux_cells: int = 0
+    draft_seqs: int = 0
+    draft_cells: int = 0
 
     def union(self, other: Layout) -> Layout:
         return Layout(*(max(a, b) for a, b in zip(self.astuple(), other.astuple())))
 
     def astuple(self) -> tuple[int, int, int, int]:
-        return (self.target_seqs, self.target_cells, self.aux_seqs, self.aux_cells)
+        return (self.target_seqs, self.target_cells, self.draft_seqs, self.draft_cells)
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class StepResult:
 class Method:
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for --help
-    needs_aux: ClassVar[bool] = True
+    drafts: ClassVar[bool] = True  # it verifies drafts (else it runs on the target alone: ar, beam)
     uses_beams: ClassVar[bool] = False  # the beam width applies
     tree: ClassVar[bool] = False  # the target verifies every beam's tree nodes (its rows grow with the width)
     wants_q_rows: ClassVar[bool] = False  # the draft must carry the full q rows along it (lossless sd)

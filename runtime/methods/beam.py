@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..drafter import BeamDrafter, Draft, beam_cells, beam_slots
+from ..drafting.base import Draft
+from ..drafting.beams import BeamDrafter, beam_cells, beam_slots
 from .base import Call, Layout, Method, StepResult, StepView
 
 AUTO_WINDOW = 4  # gamma 'auto' (and width 'auto'): the paper's gamma 4 and beam width 4
@@ -31,7 +32,7 @@ AUTO_WINDOW = 4  # gamma 'auto' (and width 'auto'): the paper's gamma 4 and beam
 class Beam(Method):
     name = "beam"
     summary = "the target's own beam search, gamma tokens a window (what MTAD approximates)"
-    needs_aux = False
+    drafts = False
     uses_beams = True
 
     def layout(self, gamma: int, width: int, tree: Optional[str] = None) -> Layout:

@@ -4,14 +4,17 @@ for its rows, the best beam alone, as MTAD does."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 
-from ..drafter import Draft, beam_cells, beam_slots
-from ..sampling import Columns, KeptRows, sample
-from ..tree import TokenTree, TreeVerifier, greedy_tree_accept, mmtad_accept
-from ..verify import greedy_accept_length, mtad_accept_length
+from ..backend import Backend, Batch
+from ..drafting.base import Draft
+from ..drafting.beams import beam_cells, beam_slots
+from ..rules.sampling import Columns, KeptRows, sample
+from ..rules.tree import TokenTree, greedy_tree_accept, mmtad_accept
+from ..rules.verify import greedy_accept_length, mtad_accept_length
 from .base import Call, Layout, Method, StepResult, StepView, plain_step, repeat_bars
 from .mtad import JOINT_FLOOR, joint_step
 
@@ -66,3 +69,37 @@ class MMTAD(Method):
         return StepResult(
             [*map(int, paths[b, :k]), nxt], k, beam=b, calls=[call], tree_nodes=nodes, alone_accepted=alone
         )
+
+
+class TreeVerifier:
+    """The target's side of MMTAD: one pass over the pending committed token(s) and every tree
+    node. Beam b lives in target sequence 1 + b: the pending tokens go into every beam's sequence,
+    each node into the sequences of the beams through it, at position = its depth."""
+
+    def __init__(self, target: Backend):
+        self.target = target
+
+    def logits(self, tokens: Sequence[int], tree: TokenTree) -> np.ndarray:
+        """Raw logits: row 0 predicts depth 1 (after the last committed token), row 1 + i
+        predicts the child of node i."""
+        target, n = self.target, int(tree.node_of.shape[0])
+        held = len(target.held(0))
+        for s in range(1, n + 1):
+            target.rollback(s, 0)
+            target.copy_seq(0, s)
+        pending = tokens[held:]
+        batch = Batch()
+        for i, tok in enumerate(pending):
+            batch.add(tok, held + i, range(n + 1), i == len(pending) - 1)
+        base = len(tokens)
+        for tok, depth, beams in zip(tree.token, tree.depth, tree.beams):
+            batch.add(tok, base - 1 + depth, [1 + b for b in beams], True)
+        return target.decode(batch)
+
+    def adopt(self, base: int, beam: int, k: int, n_beams: int) -> None:
+        """Sequence 0 (holding ``base`` committed tokens) takes beam ``beam``'s first k drafted
+        tokens; every beam's sequence is dropped."""
+        if k:
+            self.target.copy_seq(1 + beam, 0, base, base + k)
+        for s in range(1, n_beams + 1):
+            self.target.rollback(s, 0)

@@ -20,14 +20,14 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..backend import Batch, Segments, VocabInfo, check_trained_context
+from ..errors import ModelLoadError, MtadEdgeError
+from ..text.special import Special, SpecialTokens, tokenize
 from .amx import VerdictStore, amx_works
-from .backend import Batch, Segments, VocabInfo, check_trained_context
-from .errors import ModelLoadError, MtadEdgeError
 from .gguf_header import read_block_count, read_header
 from .guard import ModelFacts, check_loads
 from .repack import REPACK_BUFFER, Overrides, amx_kinds, placements
 from .rpc import Placement, gpu_offload
-from .special import Special, SpecialTokens, tokenize
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 # llama_token_attr bits (llama.h): the tokens llama.cpp cuts out of text before tokenising it
@@ -37,7 +37,7 @@ SPECIAL_FACT = "special_tokens"  # the special tokens, as kept in the model fact
 # builds whose compiler drops the AMX tile configuration (llama.cpp #20824 / #26954; here: GCC
 # 12's build of llama-cpp-python on a Sapphire-Rapids-class VM), so where the build uses AMX,
 # models load without extra buffer types: the repacked kernels are asked for tensor by tensor,
-# and the AMX ones only where a child process ran them (runtime/repack.py, runtime/amx.py).
+# and the AMX ones only where a child process ran them (runtime/backends/repack.py, runtime/backends/amx.py).
 AMX_FLAG = "AMX_INT8 = 1"
 # llama.cpp's "auto" turns flash attention on wherever its op runs (llama.cpp #26559). On the CPU
 # its kernel pays per cached position and head, which narrow heads do not earn back: measured on
@@ -65,12 +65,12 @@ class LlamaCppConfig:
     n_gpu_layers: int = 0  # -1 offloads every layer (needs a CUDA/Metal build)
     flash_attn: Optional[bool] = None  # None: flash_attention() decides
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
-    amx_store: Optional[VerdictStore] = None  # AMX children that crashed in earlier processes (runtime/amx.py)
+    amx_store: Optional[VerdictStore] = None  # AMX children that crashed in earlier processes (runtime/backends/amx.py)
     # Called mostly a row at a time (the aux): where this build's AMX tiles crash but its one-row
     # kernel runs, quantized matrices go to AMX and every call is made one row at a time.
     one_row: bool = False
-    model_facts: Optional[ModelFacts] = None  # what earlier processes derived about the file (runtime/guard.py)
-    # rpc servers' devices for the layers (runtime/rpc.py); the loader owns it and closes it after the model
+    model_facts: Optional[ModelFacts] = None  # what earlier processes derived about the file (backends/guard.py)
+    # rpc servers' devices for the layers (runtime/backends/rpc.py); the loader owns it and closes it after the model
     rpc: Optional[Placement] = None
 
 
@@ -322,7 +322,7 @@ class LlamaCppBackend:
 
     def _check_rpc(self, when: str) -> None:
         """RpcError where an rpc server of this model's was lost (llama.cpp's call returned on the
-        guard's replies, runtime/rpc.py)."""
+        guard's replies, runtime/backends/rpc.py)."""
         if self._rpc is not None:
             self._rpc.check(when)
 
@@ -352,7 +352,7 @@ class LlamaCppBackend:
         return tokenize(self, segments, add_special, limit)
 
     def tokenize_raw(self, text: str) -> list[int]:
-        """Text that holds no special token, as llama.cpp tokenises it (runtime/special.py cut
+        """Text that holds no special token, as llama.cpp tokenises it (runtime/text/special.py cut
         them out: llama.cpp's own cutting is quadratic in their number)."""
         data = text.encode("utf-8")
         cap = len(data) + 16

@@ -6,13 +6,10 @@ filtered. The tree merges equal prefixes, so one target pass evaluates every dis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-
-from .backend import Backend, Batch
 
 
 @dataclass
@@ -61,40 +58,6 @@ class TokenTree:
         1 + i is node i."""
         par = np.array(self.parent)[np.maximum(self.node_of, 0)]  # parent node of each (beam, depth)
         return np.where(self.node_of >= 0, par + 1, 0)  # the root (-1) maps to row 0; padding too
-
-
-class TreeVerifier:
-    """The target's side of MMTAD: one pass over the pending committed token(s) and every tree
-    node. Beam b lives in target sequence 1 + b: the pending tokens go into every beam's sequence,
-    each node into the sequences of the beams through it, at position = its depth."""
-
-    def __init__(self, target: Backend):
-        self.target = target
-
-    def logits(self, tokens: Sequence[int], tree: TokenTree) -> np.ndarray:
-        """Raw logits: row 0 predicts depth 1 (after the last committed token), row 1 + i
-        predicts the child of node i."""
-        target, n = self.target, int(tree.node_of.shape[0])
-        held = len(target.held(0))
-        for s in range(1, n + 1):
-            target.rollback(s, 0)
-            target.copy_seq(0, s)
-        pending = tokens[held:]
-        batch = Batch()
-        for i, tok in enumerate(pending):
-            batch.add(tok, held + i, range(n + 1), i == len(pending) - 1)
-        base = len(tokens)
-        for tok, depth, beams in zip(tree.token, tree.depth, tree.beams):
-            batch.add(tok, base - 1 + depth, [1 + b for b in beams], True)
-        return target.decode(batch)
-
-    def adopt(self, base: int, beam: int, k: int, n_beams: int) -> None:
-        """Sequence 0 (holding ``base`` committed tokens) takes beam ``beam``'s first k drafted
-        tokens; every beam's sequence is dropped."""
-        if k:
-            self.target.copy_seq(1 + beam, 0, base, base + k)
-        for s in range(1, n_beams + 1):
-            self.target.rollback(s, 0)
 
 
 def mmtad_accept(

@@ -1,10 +1,12 @@
-"""The auxiliary model's side: beam-sampled drafts (MTAD) and plain sampled drafts (width 1).
+"""Beam sampling over a model's joint probability: the aux's drafts (MTAD; width 1 is plain
+sampled drafting) and the target's own beam search (``--method beam``).
 
-A drafter is a small object: ``start(tokens)`` begins a run on the committed tokens (a prompt);
-``propose(tokens, gamma, width)`` returns a Draft continuing them; ``commit(k)`` is told that the
-first k drafted tokens of the last draft were kept and rolls its KV cache back to match. With
-``cross`` (runtime/vocab.py) the aux speaks another vocabulary: it drafts in its own tokens,
-restricted to those with a target twin, and hands over target tokens.
+``BeamDrafter`` is the mechanics on one model: ``start(tokens)`` begins a run on the committed
+tokens (a prompt); ``propose(tokens, gamma, width)`` returns a Draft continuing them; ``commit(k)``
+is told that the first k drafted tokens of the last draft were kept and rolls its KV cache back to
+match; ``ahead`` drafts the next block as if the whole draft were kept (drafting/ahead.py says
+when). With ``cross`` (drafting/cross.py) the aux speaks another vocabulary: it drafts in its own
+tokens, restricted to those with a target twin, and hands over target tokens.
 
 KV layout in the model's context: sequence 0 holds committed tokens (all but the last one or
 two, which are "pending" and fed at the next propose). Beams live in sequences 1..w and
@@ -17,15 +19,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from .backend import Backend, Batch, common_prefix, feed
-from .repeats import Seen, ban
-from .sampling import Filter, KeptRows, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
-from .vocab import CrossVocab
+from ..backend import Backend, Batch, common_prefix, feed
+from ..rules.repeats import Seen, ban
+from ..rules.sampling import Filter, KeptRows, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
+from .base import Draft
+from .cross import CrossVocab
 
 # Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
 KeepGoing = Callable[[int, float], bool]
@@ -34,37 +37,6 @@ KeepGoing = Callable[[int, float], bool]
 Drafting = Generator[None, None, "Draft"]
 # A draft ahead's bound: (the clock, the time by which its calls should end, an aux call's seconds by rows)
 Until = tuple[Callable[[], float], float, Callable[[int], float]]
-
-
-@dataclass
-class Draft:
-    tokens: np.ndarray  # (gamma,) the best beam x*_1..x*_gamma
-    logq_x: np.ndarray  # (gamma,) log q_d(x*_d) along it
-    q: Optional[KeptRows] = None  # (gamma rows) filtered log q_d along it, when asked for (lossless SD)
-    beams: Optional[np.ndarray] = None  # (n, gamma) every final beam (MMTAD's tree)
-    beams_logq: Optional[np.ndarray] = None  # (n, gamma) per-token log q along each
-    best: int = 0  # index of the best beam in ``beams``
-    calls: list[tuple[int, float]] = field(default_factory=list)  # (rows, seconds) of each aux step
-    dead: Optional[np.ndarray] = None  # (m, gamma) beams that died before the last depth, -1 padded
-    deterministic: bool = False  # q one-hot on the tokens (prompt lookup): log q = 0, no q rows
-
-    def paths(self, full: bool) -> np.ndarray:
-        """The beams MMTAD verifies: the final ones, or with ``full`` also those that died earlier
-        (the authors' TreeMTADStrategy_v2 verifies every beam alive at every depth)."""
-        assert self.beams is not None
-        if not full or self.dead is None or not len(self.dead):
-            return self.beams
-        return np.concatenate([self.beams, self.dead[:, : self.beams.shape[1]]])
-
-    def best_only(self) -> Draft:
-        """The best beam alone, for a tree method verifying it as MTAD does (the drafter keeps its
-        own index of that beam for ``commit``)."""
-        return replace(self, beams=self.tokens[None], beams_logq=self.logq_x[None], best=0, dead=None)
-
-    @property
-    def cum_logq(self) -> np.ndarray:
-        """Cumulative log q along the best beam, per depth (the draft's own confidence)."""
-        return np.cumsum(self.logq_x)
 
 
 @dataclass

@@ -15,6 +15,10 @@ only once the key has been seen ``min_hits`` times, its most frequent continuati
 A draft is a deterministic function of the context, so its q is one-hot on the drafted tokens:
 sd verifies it with ``verify.match_verify`` (draw the target's token at each depth, keep the draft
 while they agree), which keeps x_d with probability p_d(x_d) and is lossless.
+
+``LookupDrafter`` is the drafter the loop asks: free (no model call), first, with a controller
+per match class that prices its drafts by their verify alone and may plan a plain step where they
+do not pay.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+
+from .base import Draft, Drafter, Kept, Offer, Run, learn_step
+from .controller import Controller, FixedController
 
 # The longest key tried. llama.cpp's lookup and n-gram cache use keys of 1..4 tokens: copied
 # text matches on its last 4 tokens at the same place a longer key would (the most recent
@@ -172,3 +179,46 @@ class NgramDrafter:
                 if start >= 0:
                     index[tuple(toks[start : end + 1])] = start
                     self.index_ops += 1
+
+
+class LookupDrafter(Drafter):
+    """Prompt lookup behind the drafting protocol: a free draft of one beam, as long as the match
+    allows, planned by the controller of its match class (``MATCH_EDGES``): a copied passage and a
+    chance bigram are accepted at very different rates, so each learns its own; a step with no
+    match is planned by the weakest class's controller."""
+
+    name = "ngram"
+    free = True
+
+    def __init__(self, run: Run):
+        super().__init__(run)
+        self.index = NgramDrafter()
+        self.adaptive = run.cfg.adaptive
+        self.ctrls = [self._controller(c) for c in range(len(MATCH_EDGES) + 1)]
+        self.ctrl = self.ctrls[0]  # the last offer's
+
+    def _controller(self, match: int) -> FixedController | Controller:
+        """'auto' prices a lookup draft by its verify alone and may take a plain step where its
+        drafts do not pay."""
+        cfg = self.run.cfg
+        if not cfg.adaptive:
+            return FixedController(cfg.max_gamma, 1)
+        key = f"{self.run.key} lookup m{match}"
+        return Controller(self.run.model, key, range(0, cfg.max_gamma + 1), [1], tree=self.run.method.tree, free=True)
+
+    def offer(self, tokens: Sequence[int], cap: int, step: int) -> Offer:
+        found = self.index.lookup(tokens, cap)
+        self.ctrl = self.ctrls[match_class(found.matched) if found is not None else 0]
+        plan = self.ctrl.plan(len(found.tokens) if found is not None else 0)
+        return Offer(self, plan, found.tokens if found is not None and plan.gamma else None)
+
+    def draft(self, offer: Offer, tokens: Sequence[int], step: int) -> Draft:
+        assert offer.found is not None
+        return Draft.certain(offer.found[: offer.plan.gamma])
+
+    def learn(self, offer: Offer, draft: Optional[Draft], kept: Kept, seconds: float, calls_s: float) -> None:
+        learn_step(self.ctrl, offer.plan, draft, kept, seconds, calls_s)
+
+    def idle(self, seconds: float, timed: bool) -> None:
+        if isinstance(self.ctrl, Controller):
+            self.ctrl.observe_plain(seconds, timed)  # lookup planned none and another drafter stepped plainly

@@ -1,7 +1,7 @@
 """A GGUF file's header as untrusted input: its architecture and each tensor's type and shape.
 
 Read before llama.cpp loads a model, to decide per tensor where llama.cpp would abort on a choice
-of ours (runtime/repack.py). Every count and length is checked against the file's size and
+of ours (runtime/backends/repack.py). Every count and length is checked against the file's size and
 against fixed bounds; a header this reader cannot take whole is a ``HeaderError`` naming what
 broke (a one-line load error), never None, an unbounded loop or another exception: a check that
 silently skipped an unreadable header let llama.cpp abort on it.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, TypeVar
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 # Bounds on what a header may declare, far above any real model's (a 262k-token vocabulary is
 # one array; the largest models have a few thousand tensors).

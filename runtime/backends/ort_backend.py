@@ -20,13 +20,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .backend import Batch, Segments, VocabInfo, check_trained_context
-from .chat import render
-from .errors import ModelLoadError, MtadEdgeError, first_line, json_int, json_problem, quoted
+from ..backend import Batch, Segments, VocabInfo, check_trained_context
+from ..errors import ModelLoadError, MtadEdgeError, first_line, json_int, json_problem, quoted
+from ..text.chat import render
+from ..text.special import Special, SpecialTokens, tokenize
+from ..text.vocab import piece_bytes
 from .guard import ModelFacts, check_loads
 from .ort_kv import DeviceKV, HostKV
-from .special import Special, SpecialTokens, tokenize
-from .vocab import piece_bytes
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class OrtConfig:
     # when it loads a target alone.
     spin: bool = True
     positions: Optional[int] = None  # the tokens a run commits (n_ctx less draft cells), for the trained bound
-    model_facts: Optional[ModelFacts] = None  # what earlier processes derived about the model (runtime/guard.py)
+    model_facts: Optional[ModelFacts] = None  # what earlier processes derived about the model (backends/guard.py)
 
 
 def _require(*names: str) -> list[Any]:
@@ -172,7 +172,7 @@ class OrtBackend:
         self._byte_level = (tj.get("decoder") or {}).get("type") == "ByteLevel"
         self._control = {t["id"] for t in tj.get("added_tokens", []) if t.get("special")}
         self._specials = SpecialTokens(_added_tokens(tj, d))
-        self._tok.encode_special_tokens = True  # special tokens are cut out by runtime/special.py, not here
+        self._tok.encode_special_tokens = True  # special tokens are cut out by runtime/text/special.py, not here
         self._kv: dict[int, list[np.ndarray]] = {}
         self._hist: dict[int, list[int]] = {}
 

@@ -2,7 +2,7 @@
 
 Identical vocabularies (type, size, BOS/EOS, add-BOS flag and every token text) are the fast path:
 drafts are target tokens already. Different vocabularies draft inside their intersection
-(runtime/vocab.py) when enough of the target's text is draftable; ``--vocab-mismatch`` overrides:
+(runtime/text/vocab.py) when enough of the target's text is draftable; ``--vocab-mismatch`` overrides:
 ``refuse`` insists on identical vocabularies, ``allow`` drafts however little is shared.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .backend import Backend
-from .errors import IncompatiblePairError
+from ..backend import Backend
+from ..errors import IncompatiblePairError
 from .vocab import MIN_COVERAGE
 
 MISMATCH_MODES = ("auto", "allow", "refuse")

@@ -8,7 +8,7 @@ process), so only tensors the file's header shows it can take are named: a block
 weights (used in matrix products alone) of a known architecture, of a repackable type, 2-D,
 with a multiple of 8 rows; a kind is named only where every layer's tensor qualifies.
 
-Where the build's AMX kernels do run (runtime/amx.py asks a child process first), a model with
+Where the build's AMX kernels do run (runtime/backends/amx.py asks a child process first), a model with
 weights AMX multiplies loads with the extra buffer types on, as llama.cpp would load it, less
 one choice: float matrices stay in the plain CPU buffer (AMX's path for them is slower beyond
 one row).
