@@ -68,8 +68,9 @@ class Response:
     def watch_blocks(self) -> None:
         """Record how each block of committed tokens came (``BlockMeter.record``), for
         ``take_blocks``; call it before iterating. Off by default: a plain request pays nothing."""
-        if self._chunks is None:
-            self._meter = BlockMeter(self.stats)
+        if self._chunks is not None:
+            raise RuntimeError("watch_blocks() must be called before the response is iterated")
+        self._meter = BlockMeter(self.stats)
 
     def take_blocks(self) -> list[dict[str, Any]]:
         """The records of the blocks decoded since the last call, in order. A chunk's text comes

@@ -95,6 +95,8 @@ def test_records_follow_the_text_through_split_characters_and_stop_strings():
 def test_an_unwatched_response_records_nothing():
     r = fake_engine(max_tokens=8).generate(PROMPT, seed=1)
     assert r.text() and r._meter is None and r.take_blocks() == []
+    with pytest.raises(RuntimeError, match="before the response is iterated"):
+        r.watch_blocks()
 
 
 # -- the server: the field only when asked; mtad_stats at the end of every stream ------------------

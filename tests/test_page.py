@@ -2,6 +2,7 @@
 driven by Playwright (no browser is downloaded), against a real server on the default pair
 started here on loopback with an API key. A screenshot is kept in build/test-artifacts/."""
 
+import http.client
 import json
 import os
 import re
@@ -9,7 +10,9 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -62,7 +65,16 @@ def server(smol_files):
     if not line:
         pytest.fail(f"server exited: {said}{proc.stderr.read()}")
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
-    yield found.group(1)
+    url = found.group(1)
+    deadline = time.time() + 60  # the line comes as it starts listening
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=10).close()
+            break
+        except OSError:
+            assert time.time() < deadline and proc.poll() is None, "the server did not answer"
+            time.sleep(0.2)
+    yield url
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -158,9 +170,6 @@ def check_blocks_add_up(pg, events):
 
 
 def test_the_page_is_served_without_the_key_under_a_strict_policy(server):
-    import http.client
-    from urllib.parse import urlsplit
-
     u = urlsplit(server)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
     conn.request("GET", "/")

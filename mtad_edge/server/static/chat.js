@@ -388,7 +388,7 @@
     const step = W / Math.max(blocks.length, 1);
     blocks.forEach((b, i) => {
       const h = ((H - top) * b.tokens) / maxTokens;
-      chart.append(svg("rect", { class: b.source ? "bar" : "bar plain", x: i * step + step * 0.1, y: H - h, width: step * 0.8, height: h }));
+      chart.append(svg("rect", { class: `bar src-${b.source || "none"}`, x: i * step + step * 0.1, y: H - h, width: step * 0.8, height: h }));
     });
     const pts = rates.map((r, i) => `${(i + 0.5) * step},${H - ((H - top) * r) / maxRate}`).join(" ");
     if (blocks.length > 1) chart.append(svg("polyline", { class: "rate", points: pts }));
@@ -517,6 +517,7 @@
     } catch (e) {
       if (e.name === "AbortError") m.stopped = true;
       else m.error = String(e.message || e);
+      controller.abort(); // a bad event: let the rest of the stream go
     } finally {
       if (frame) cancelAnimationFrame(frame);
       if (busy && busy.message === m) {
