@@ -107,17 +107,21 @@ def page(browser, server):
     assert not errors, errors
 
 
-def send(pg, text, **settings):
-    """Type ``text`` with the given settings, send it, wait for the answer; the response's SSE
-    events (the chunks' JSON)."""
+def send(pg, text, click="#send", **settings):
+    """Type ``text`` with the given settings, send it (``click``: the button that sends; None:
+    Enter), wait for the answer; the response's SSE events (the chunks' JSON)."""
     for field, value in settings.items():
         if field == "method":
             pg.select_option("#method", value)
         else:
             pg.fill(f"#{field.replace('_', '-')}", str(value))
-    pg.fill("#input", text)
+    if text is not None:
+        pg.fill("#input", text)
     with pg.expect_response(lambda r: r.url.endswith("/v1/chat/completions")) as info:
-        pg.click("#send")
+        if click:
+            pg.click(click)
+        else:
+            pg.press("#input", "Enter")
     response = info.value
     pg.wait_for_selector("#send:not([disabled])", timeout=120_000)
     assert response.status == 200, response.text()
@@ -208,13 +212,19 @@ def test_an_answer_streams_shaded_by_verify_call_and_survives_a_reload(page):
     assert len(shading(page)) == len(spans) and last_answer(page).get_attribute("data-adds-up") == "true"
 
 
-def test_switching_to_ar_shows_one_token_a_call(page):
-    events = send(page, "Name three colors.", method="ar", max_tokens=16)
+def test_switching_to_ar_shows_one_token_a_call_then_regenerate_and_copy(page, browser):
+    events = send(page, "Name three colors.", click=None, method="ar", max_tokens=16)  # Enter sends
     stats, spans = check_blocks_add_up(page, events)
     assert stats["method"] == "ar" and stats["drafted"] == 0
     assert all(s["tokens"] == "1" and s["drafted"] == "0" and s["source"] == "none" for s in spans)
     assert page.locator("#live-gamma b").text_content() == "0"
     assert "ar" in last_answer(page).locator(".head").text_content()
+    events = send(page, None, click=".msg.assistant .regenerate", method="mtad")  # the same question, again
+    assert page.locator(".msg").count() == 2 and check_blocks_add_up(page, events)[0]["method"] == "mtad"
+    browser.grant_permissions(["clipboard-read", "clipboard-write"])
+    last_answer(page).locator(".head .copy").click()
+    page.wait_for_selector(".msg.assistant .head .copy:text('copied')")
+    assert page.evaluate("navigator.clipboard.readText()") == last_answer(page).locator(".body").text_content()
 
 
 def test_stop_mid_answer_keeps_the_text_and_frees_the_server(page):
