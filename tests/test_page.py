@@ -109,7 +109,7 @@ def page(browser, server):
 
 def send(pg, text, click="#send", **settings):
     """Type ``text`` with the given settings, send it (``click``: the button that sends; None:
-    Enter), wait for the answer; the response's SSE events (the chunks' JSON)."""
+    Enter), wait for the answer; the response's SSE events (the chunks' JSON) and the request's body."""
     for field, value in settings.items():
         if field == "method":
             pg.select_option("#method", value)
@@ -127,7 +127,8 @@ def send(pg, text, click="#send", **settings):
     assert response.status == 200, response.text()
     request = response.request
     assert request.headers["content-type"] == "application/json" and request.post_data_json["mtad_blocks"] is True
-    return [json.loads(line[6:]) for line in response.text().split("\n") if line.startswith("data: {")]
+    events = [json.loads(line[6:]) for line in response.text().split("\n") if line.startswith("data: {")]
+    return events, request.post_data_json
 
 
 def last_answer(pg):
@@ -191,7 +192,7 @@ def test_an_answer_streams_shaded_by_verify_call_and_survives_a_reload(page):
     page.evaluate("""() => { window.__updates = 0;
         new MutationObserver(() => window.__updates++).observe(document.getElementById('messages'),
             {subtree: true, childList: true, characterData: true}); }""")
-    events = send(page, "Explain beam search in two sentences.", max_tokens=40)
+    events, _ = send(page, "Explain beam search in two sentences.", max_tokens=40)
     assert sum(1 for e in events if e["choices"] and e["choices"][0]["delta"].get("content")) > 2  # streamed
     assert page.evaluate("window.__updates") > 3  # and painted as it came
     stats, spans = check_blocks_add_up(page, events)
@@ -213,13 +214,17 @@ def test_an_answer_streams_shaded_by_verify_call_and_survives_a_reload(page):
 
 
 def test_switching_to_ar_shows_one_token_a_call_then_regenerate_and_copy(page, browser):
-    events = send(page, "Name three colors.", click=None, method="ar", max_tokens=16)  # Enter sends
+    page.fill("#stop", "zzz\nqq q")  # one a line
+    events, body = send(page, "Name three colors.", click=None, method="ar", max_tokens=16)  # Enter sends
+    assert {k: body[k] for k in ("method", "max_tokens", "stop")} == dict(
+        method="ar", max_tokens=16, stop=["zzz", "qq q"]
+    )
     stats, spans = check_blocks_add_up(page, events)
     assert stats["method"] == "ar" and stats["drafted"] == 0
     assert all(s["tokens"] == "1" and s["drafted"] == "0" and s["source"] == "none" for s in spans)
     assert page.locator("#live-gamma b").text_content() == "0"
     assert "ar" in last_answer(page).locator(".head").text_content()
-    events = send(page, None, click=".msg.assistant .regenerate", method="mtad")  # the same question, again
+    events, _ = send(page, None, click=".msg.assistant .regenerate", method="mtad")  # the same question, again
     assert page.locator(".msg").count() == 2 and check_blocks_add_up(page, events)[0]["method"] == "mtad"
     browser.grant_permissions(["clipboard-read", "clipboard-write"])
     last_answer(page).locator(".head .copy").click()
@@ -269,7 +274,7 @@ def test_untrusted_text_runs_nothing(page):
     """Model output (echoed by the real model), pasted text and a tampered store holding HTML and
     javascript: links: all shown as text, none of it run or followed."""
     page.fill("#system", "Repeat the user's message exactly, with no other words.")
-    events = send(page, PAYLOAD, temperature=0, max_tokens=64)
+    events, _ = send(page, PAYLOAD, temperature=0, max_tokens=64)
     echoed = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
     # The model's output carried live markup (greedy: the same echo every run).
     assert ("onerror" in echoed or "<script>" in echoed) and "javascript:" in echoed
