@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import fields
@@ -59,9 +60,27 @@ class Response:
         self.stats: Stats = gen.stats
         self.finish_reason: Optional[str] = None
         self.logprobs: Optional[list[TokenLogprob]] = None  # with generate(logprobs=N), once it ended
+        self._meter: Optional[BlockMeter] = None  # with watch_blocks(): how each block's tokens came
+        self._blocks: list[dict[str, Any]] = []  # its records not taken yet
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    def watch_blocks(self) -> None:
+        """Record how each block of committed tokens came (``BlockMeter.record``), for
+        ``take_blocks``; call it before iterating. Off by default: a plain request pays nothing."""
+        if self._chunks is not None:
+            raise RuntimeError("watch_blocks() must be called before the response is iterated")
+        self._meter = BlockMeter(self.stats)
+
+    def take_blocks(self) -> list[dict[str, Any]]:
+        """The records of the blocks decoded since the last call, in order. A chunk's text comes
+        from the blocks taken with it and before it: a chunk may hold back a partial character or
+        the start of a stop string, so a block's text may come in a later chunk (or, cut by a stop
+        string, never), and a chunk may bring several blocks or none. Once the run ended, the last
+        call also holds a record of steps that committed no token (one that drew end-of-text)."""
+        taken, self._blocks = self._blocks, []
+        return taken
 
     def __iter__(self) -> Iterator[str]:
         if self._chunks is None:
@@ -126,11 +145,19 @@ class Response:
                 return
             models = eng._require_open()
             text, stop = TextStream(models.target), StopText(self._stop)
-            blocks = iter(gen)
+            blocks, meter = iter(gen), self._meter
+            mark = time.perf_counter()
             try:
                 for block in blocks:
                     self.tokens += block
-                    out, hit = stop.push(text.push(block))
+                    if meter is None:
+                        piece = text.push(block)
+                    else:  # the drafted tokens kept and the rest decoded apart, for their characters
+                        kept = meter.kept(len(block))
+                        head, tail = text.push(block[:kept]), text.push(block[kept:])
+                        self._blocks.append(meter.record(len(block), time.perf_counter() - mark, head, tail))
+                        piece = head + tail
+                    out, hit = stop.push(piece)
                     yield from self._emit(out)
                     if hit:
                         self.finish_reason = "stop"
@@ -138,6 +165,9 @@ class Response:
                     if self._cancel.is_set():
                         self.finish_reason = "cancelled"
                         return
+                    mark = time.perf_counter()  # the consumer's time between chunks is not the run's
+                if meter is not None and meter.steps_since():  # the last step committed nothing (end-of-text)
+                    self._blocks.append(meter.record(0, time.perf_counter() - mark, "", ""))
                 out, _ = stop.push(text.flush())
                 yield from self._emit(out + stop.flush())
                 self.finish_reason = gen.stats.finish_reason
@@ -147,6 +177,69 @@ class Response:
                     self.finish_reason = "cancelled"
                 elif self._top is not None and self.finish_reason != "cancelled":
                     self.logprobs = score(models.target, self.prompt_ids, self.tokens, self._top)
+
+
+class BlockMeter:
+    """How each block of committed tokens came, read as deltas of the run's ``Stats`` between
+    blocks: every step of the loop yields one block (a step that commits no token, only an
+    end-of-text, yields none: its figures go to the next record). The one place that knows which
+    Stats counters say what a block is (the server's ``mtad_blocks``, the chat page)."""
+
+    def __init__(self, stats: Stats):
+        self.stats = stats
+        self.last = self._marks()
+
+    def _marks(self) -> dict[str, Any]:
+        st = self.stats
+        return {
+            "calls": st.target_calls,
+            "prefill_s": st.prefill_s,
+            "gamma_hist": dict(st.gamma_hist),  # a handful of keys: one per drafted length
+            "width_hist": dict(st.width_hist),
+            # drafted and accepted by source: each drafter's counters (runtime/drafting/)
+            "by": {name: (c["drafted"], c["accepted"]) for name, c in st.drafters.items()},
+        }
+
+    def steps_since(self) -> int:
+        """Steps run since the last record."""
+        return sum(self.stats.gamma_hist.values()) - sum(self.last["gamma_hist"].values())
+
+    def kept(self, tokens: int) -> int:
+        """Of a block of ``tokens`` about to be recorded, the drafted ones the target kept (its
+        first ones; the rest is the target's own token, or a plain step's)."""
+        accepted = self.stats.accepted - sum(a for _, a in self.last["by"].values())
+        return max(0, min(tokens, accepted))
+
+    def record(self, tokens: int, seconds: float, head: str, tail: str) -> dict[str, Any]:
+        """The block since the last record: ``tokens`` committed in ``seconds`` (the prefill
+        excluded) whose text is ``head`` (the kept drafted tokens) then ``tail``. ``source``: who
+        drafted (None: a plain step); ``gamma``: the drafted length; ``width``: the beams drafted
+        (None without a draft); ``chars``: the characters of head and tail (a character split
+        between blocks counts in the block that completed it)."""
+        now, last = self._marks(), self.last
+        self.last = now
+        was = last["by"]
+        by = {s: (d - was.get(s, (0, 0))[0], a - was.get(s, (0, 0))[1]) for s, (d, a) in now["by"].items()}
+        gammas = _grown(last["gamma_hist"], now["gamma_hist"])
+        widths = _grown(last["width_hist"], now["width_hist"])
+        drafted = sum(d for d, _ in by.values())
+        return {
+            "tokens": tokens,
+            "drafted": drafted,
+            "accepted": sum(a for _, a in by.values()),
+            "source": max(by, key=lambda s: by[s][0]) if drafted else None,
+            "gamma": max(gammas, default=0),
+            "width": max(widths) if widths else None,
+            "calls": now["calls"] - last["calls"],
+            "steps": sum(now["gamma_hist"].values()) - sum(last["gamma_hist"].values()),
+            "seconds": round(max(0.0, seconds - (now["prefill_s"] - last["prefill_s"])), 6),
+            "chars": [len(head), len(tail)],
+        }
+
+
+def _grown(before: dict[int, int], after: dict[int, int]) -> list[int]:
+    """The keys of a histogram whose count grew (the plans of the steps between two records)."""
+    return [k for k, n in after.items() if n > before.get(k, 0)]
 
 
 _LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))

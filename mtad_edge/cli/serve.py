@@ -179,7 +179,11 @@ def serve(
             timeout_keep_alive=idle_timeout,
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
-        click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method})", err=True)
+        click.echo(
+            f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method}); "
+            f"chat page: http://{host}:{port}/",
+            err=True,
+        )
         Server(config).run(sockets=[sock])  # uvicorn handles the signals while it runs, then hands them on to ours
         runs.close()
     interrupts.hard_exit = True  # models freed: see signals.Interrupts.finish

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mtad_edge.engine import Engine, Response
 from mtad_edge.runtime.errors import MtadEdgeError, json_problem
+from mtad_edge.server import page
 from mtad_edge.server import protocol as P
 from mtad_edge.server.limits import BODY_TIMEOUT_S, MAX_HEADER_BYTES
 
@@ -133,7 +134,11 @@ class Guard:
                 error = P.BadRequest(
                     "a request may not give both Transfer-Encoding and Content-Length (RFC 9112 6.1)", close=True
                 )
-            elif self.api_key is not None and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
+            elif (
+                self.api_key is not None
+                and not page.public(scope["method"], scope["path"])  # the page asks for the key itself
+                and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode())
+            ):
                 error = P.BadRequest("invalid or missing API key", status=401, kind="authentication_error")
             elif int(headers.get(b"content-length", b"0") or 0) > self.max_body:
                 error = P.BadRequest(f"request body over {self.max_body} bytes", status=413)
@@ -211,6 +216,8 @@ def create_app(
         return _error(P.BadRequest(str(exc.detail), status=exc.status_code))
 
     model_card = {"id": model_name, "object": "model", "created": 0, "owned_by": "mtad-edge"}
+    for path, (body, media) in page.load().items():  # the chat page (mtad_edge/server/page.py)
+        app.add_api_route(path, page.route(body, media), methods=["GET", "HEAD"], include_in_schema=False)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -280,10 +287,12 @@ def create_app(
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def produce(response: Response) -> None:
+            if req.blocks:
+                response.watch_blocks()
             try:
                 for piece in response:
-                    put(("text", piece))
-                put(("end", None))
+                    put(("text", (piece, response.take_blocks() if req.blocks else None)))
+                put(("end", response.take_blocks() if req.blocks else None))
             except Exception as e:  # reported to the client as a final error event
                 put(("error", str(e)))
 
@@ -302,7 +311,7 @@ def create_app(
         problem = ready.exception()
         if problem is not None:
             return _refused(problem)
-        return GenerationStream(_events(queue, ready.result(), kind, rid, req.include_usage), ticket)
+        return GenerationStream(_events(queue, ready.result(), kind, rid, req.include_usage, req.blocks), ticket)
 
     async def _complete(request: Request, ticket: Ticket, req: P.Parsed, kind: str, rid: str) -> Any:
         """Build and run to the end, unless the client goes away first: then cancel (the worker
@@ -342,14 +351,16 @@ def create_app(
         )
 
     async def _events(
-        queue: asyncio.Queue, response: Response, kind: str, rid: str, include_usage: bool
+        queue: asyncio.Queue, response: Response, kind: str, rid: str, include_usage: bool, blocks: bool
     ) -> AsyncIterator[str]:
         created = int(time.time())
 
-        def event(text: Optional[str], reason: Optional[str], role: bool = False) -> dict:
+        def event(text: Optional[str], reason: Optional[str], role: bool = False, records: Any = None) -> dict:
             obj = P.chunk(kind, rid, model_name, created, text, reason, role=role)
             if include_usage:  # OpenAI: a null usage on every chunk but the last
                 obj["usage"] = None
+            if blocks:  # asked for: how the chunk's tokens came (BlockMeter.record)
+                obj["mtad_blocks"] = records or []
             return obj
 
         if kind == "chat":
@@ -357,20 +368,21 @@ def create_app(
         while True:
             what, value = await queue.get()
             if what == "text":
-                yield _sse(event(value, None))
+                text, records = value
+                yield _sse(event(text, None, records=records))
                 continue
             if what == "error":
                 yield _sse(P.BadRequest(value, kind="server_error").body())
             elif response.finish_reason == "cancelled":  # the server is stopping
                 yield _sse(P.BadRequest("the server is shutting down", kind="server_error").body())
             else:
-                usage = P.usage(response.prompt_tokens, len(response.tokens))
-                last = event(None, P.finish_reason(response.finish_reason))
+                usage, stats = P.usage(response.prompt_tokens, len(response.tokens)), response.stats.to_dict()
+                last = event(None, P.finish_reason(response.finish_reason), records=value)
                 if include_usage:
                     yield _sse(last)
-                    yield _sse(P.usage_chunk(kind, rid, model_name, created, usage))
-                else:
-                    yield _sse({**last, "usage": usage})  # not OpenAI's, kept for the clients that read it there
+                    yield _sse(P.usage_chunk(kind, rid, model_name, created, usage, stats))
+                else:  # usage: not OpenAI's here, kept for the clients that read it there
+                    yield _sse({**last, "usage": usage, "mtad_stats": stats})
             break
         yield "data: [DONE]\n\n"
 

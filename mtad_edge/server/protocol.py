@@ -39,8 +39,8 @@ class BadRequest(Exception):
 REQUEST_FIELDS = {**{name: name for name in DECODE_FIELDS + SAMPLING_FIELDS}, "max_completion_tokens": "max_tokens"}
 # Fields read below, by kind of request.
 HANDLED = {
-    "chat": {"model", "messages", "stream", "stream_options", "n", "stop", "logprobs", "top_logprobs"},
-    "text": {"model", "prompt", "stream", "stream_options", "n", "stop", "logprobs", "parse_special"},
+    "chat": {"model", "messages", "stream", "stream_options", "n", "stop", "logprobs", "top_logprobs", "mtad_blocks"},
+    "text": {"model", "prompt", "stream", "stream_options", "n", "stop", "logprobs", "parse_special", "mtad_blocks"},
 }
 # OpenAI fields that do not change the answer (bookkeeping for the caller): accepted, unused.
 IGNORED = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
@@ -82,6 +82,7 @@ class Parsed:
     stream: bool
     logprobs: Optional[int]  # None: not asked for; else how many alternatives per token
     include_usage: bool = False  # a stream ends with a chunk of no choices that carries the usage
+    blocks: bool = False  # each streamed chunk carries "mtad_blocks": how its tokens came (the chat page asks)
     prompt: Optional[str] = None  # text completions
     parse_special: bool = True  # text completions: special tokens written in the prompt become control tokens
     messages: Optional[list[dict[str, str]]] = None  # chat
@@ -117,9 +118,12 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
     logprobs = _logprobs(body, kind)
     if logprobs is not None and stream:
         raise BadRequest("logprobs are only returned without streaming: leave out 'stream' or 'logprobs'", "logprobs")
+    blocks = _typed(body, "mtad_blocks", bool, False)
+    if blocks and not stream:
+        raise BadRequest("'mtad_blocks' describes streamed chunks: it needs 'stream': true", "mtad_blocks")
     opts = {name: body[key] for key, name in REQUEST_FIELDS.items() if body.get(key) is not None}
     stop = body.get("stop")  # null is "not given"; 0 or false is a bad value (it was read as no stop strings)
-    parsed = Parsed(opts, () if stop is None else stop, stream, logprobs, include_usage)
+    parsed = Parsed(opts, () if stop is None else stop, stream, logprobs, include_usage, blocks)
     if kind == "chat":
         parsed.messages = chat_messages(body)
     else:
@@ -274,9 +278,10 @@ def chunk(
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
-def usage_chunk(kind: str, rid: str, model: str, created: int, usage: dict) -> dict:
-    """The last event of a stream with ``stream_options.include_usage``: no choices, the usage."""
-    return {**chunk(kind, rid, model, created, None, None), "choices": [], "usage": usage}
+def usage_chunk(kind: str, rid: str, model: str, created: int, usage: dict, stats: dict) -> dict:
+    """The last event of a stream with ``stream_options.include_usage``: no choices, the usage
+    and the run's ``mtad_stats``."""
+    return {**chunk(kind, rid, model, created, None, None), "choices": [], "usage": usage, "mtad_stats": stats}
 
 
 def full(
