@@ -190,7 +190,7 @@ def test_the_amx_child_counts_as_working_only_when_it_exits_cleanly_in_time():
     assert exit_status([sys.executable, "-c", "import time; time.sleep(30)"], 0.5) is None
     assert exit_status(["/nonexistent/python"], 60) is None
     if sys.platform == "linux":  # the child's expected crash leaves no core dump or crash report
-        code = "import ctypes; from mtad_edge.runtime import amx; amx.no_core_dump(); "
+        code = "import ctypes; from mtad_edge.runtime.backends import amx; amx.no_core_dump(); "
         code += "raise SystemExit(ctypes.CDLL(None).prctl(amx.PR_GET_DUMPABLE, 0, 0, 0, 0))"
         assert subprocess.run([sys.executable, "-c", code]).returncode == 0  # not dumpable
         assert subprocess.run([sys.executable, "-c", code.replace("amx.no_core_dump(); ", "")]).returncode == 1

@@ -51,17 +51,18 @@ def test_no_repeat_drafts_never_repeat_an_ngram_of_the_text(method):
     unfiltered, some candidate is always left, so the drafter never falls back to repeating."""
     target, aux = FakeLM(salt=1, n_seq_max=5, vocab=6), FakeLM(salt=2, n_seq_max=9, vocab=6)
     drafts = []
-    import mtad_edge.runtime.decoding as decoding
+    from mtad_edge.runtime.drafting import Drafters
 
-    real = decoding.Generation._draft
+    real = Drafters.draft
 
-    def spy(self, plan):
-        d = real(self, plan)
-        drafts.append((list(self.tokens), [int(t) for t in d.tokens]))
+    def spy(self, offer, tokens, step):
+        d = real(self, offer, tokens, step)
+        if d is not None:
+            drafts.append((list(tokens), [int(t) for t in d.tokens]))
         return d
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(decoding.Generation, "_draft", spy)
+        mp.setattr(Drafters, "draft", spy)
         cfg = DecodeConfig(method, 60, gamma=4, no_repeat=4, sampling=SamplingConfig(1.0, 0, 1.0), seed=3)
         generate_tokens(target, aux, [1, 2, 3, 4, 1, 2, 3], cfg)
     assert drafts
@@ -104,9 +105,9 @@ def test_a_prohibitive_repeat_penalty_accepts_no_drafted_repeat(method):
     blocks = []
     real = decoding.Generation._commit
 
-    def spy(self, result, draft, looked_up, *ahead):
+    def spy(self, offer, draft, result):
         blocks.append((len(self.tokens), result.accepted))
-        return real(self, result, draft, looked_up, *ahead)
+        return real(self, offer, draft, result)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(decoding.Generation, "_commit", spy)
