@@ -24,6 +24,7 @@ import numpy as np
 from . import methods
 from .backend import Backend, common_prefix, feed
 from .config import DecodeConfig
+from .constraint import DONE, OPEN, Compiled, Grammar, Matcher, compile
 from .controller import Controller, FixedController, Model, Plan
 from .drafter import Ahead, BeamDrafter, Draft
 from .errors import ContextOverflowError, OptionError
@@ -75,6 +76,7 @@ class Stats:
     vocab_mapped_share: Optional[float] = None  # and the share of generated tokens the aux could draft
     ahead_drafts: int = 0  # draft_ahead: the next blocks drafted while the target verified
     ahead_hits: int = 0  # and those the next step took (the draft it would have made)
+    mask_s: float = 0.0  # a constraint's masks (inside draft_s and verify_s: computed where they are used)
 
     @property
     def acceptance_rate(self) -> Optional[float]:
@@ -128,7 +130,9 @@ class Generation:
     ``vocab``: the map when the aux speaks another vocabulary (runtime/vocab.py). ``learn``: a
     seeded run too plans from ``model`` and teaches it (else from a frozen copy). A drafting method
     drafts with ``aux`` and/or prompt lookup, as ``cfg.drafter`` says ('auto': the aux when given,
-    with lookup beside it under gamma 'auto'; lookup alone without an aux)."""
+    with lookup beside it under gamma 'auto'; lookup alone without an aux). ``constraint``: a
+    grammar the answer follows (runtime/constraint.py), compiled or to be compiled; the run ends
+    with finish reason "stop" where it is complete and "dead_end" where nothing it allows can follow."""
 
     def __init__(
         self,
@@ -141,6 +145,7 @@ class Generation:
         clock: Callable[[], float] = time.perf_counter,
         vocab: Optional[VocabMap] = None,
         learn: bool = False,
+        constraint: Optional[Compiled | Grammar] = None,
     ):
         if not prompt:
             raise OptionError("the prompt must contain at least one token", "prompt")
@@ -181,11 +186,16 @@ class Generation:
         self.rng = np.random.default_rng(self.seed)
         self._steps = 0
         self.tokens = list(prompt)
+        if isinstance(constraint, Grammar):
+            constraint = compile(constraint, target)
+        self.constraint: Optional[Matcher] = constraint.start(len(prompt)) if constraint is not None else None
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed, gamma_min=self.gamma_floor)
         self.drafter: Optional[BeamDrafter] = None
         if self.aux is not None:
             cross = CrossVocab(vocab, target, self.aux) if vocab is not None else None
-            self.drafter = BeamDrafter(self.aux, cfg.sampling, self.rng, self.max_width, clock, cross, cfg.no_repeat)
+            self.drafter = BeamDrafter(
+                self.aux, cfg.sampling, self.rng, self.max_width, clock, cross, cfg.no_repeat, self.constraint
+            )
         seen = Seen(REPEAT_N) if cfg.repeat_penalty > 1 and self.method.needs_aux else None
         self.view = StepView(
             target,
@@ -198,6 +208,7 @@ class Generation:
             self.rng,
             clock,
             seen,
+            self.constraint,
         )
         self._synced = len(self.tokens)  # committed tokens when the aux last drafted (or was fed the prompt)
         self._ahead: Optional[Ahead] = None  # the next step's draft, made while this one verified
@@ -273,10 +284,15 @@ class Generation:
                 if len(self.tokens) > self._room():
                     st.finish_reason = "context"
                     return
+                if self._constraint_ends():
+                    return
                 between_steps = False
                 new = self._step()
                 between_steps = True
+                new, dead = self._follow(new)
                 out, stop = self._clip(new)
+                if dead:
+                    st.finish_reason, stop = "dead_end", True
                 st.generated += len(out)
                 if out:
                     if st.ttft_s is None:
@@ -294,8 +310,33 @@ class Generation:
                 cross = self.drafter.cross
                 st.vocab_resyncs = cross.resyncs
                 st.vocab_mapped_share = cross.vmap.coverage_of(self.tokens[st.prompt_tokens :])
+            if self.constraint is not None:
+                st.mask_s = self.constraint.seconds
             st.wall_s = clock() - t0
             st.other_s = st.wall_s - sum(getattr(st, f) for f in TIMED_FIELDS)
+
+    def _constraint_ends(self) -> bool:
+        """Whether the constraint ends the run before the next step: the answer is complete
+        (only the end of generation may follow: "stop") or nothing may follow ("dead_end")."""
+        if self.constraint is None:
+            return False
+        state = self.constraint.state()
+        if state == OPEN:
+            return False
+        self.stats.finish_reason = "stop" if state == DONE else "dead_end"
+        return True
+
+    def _follow(self, new: list[int]) -> tuple[list[int], bool]:
+        """The constraint consumes a committed block; a token it does not allow (drawn from a row
+        past a dead end, which no mask could constrain) cuts the block there and ends the run, as
+        a dead end unless the answer was complete before it."""
+        if self.constraint is None:
+            return new, False
+        n = self.constraint.commit(new)
+        if n == len(new) or any(self.target.is_eog(t) for t in new[:n]):
+            return new, False
+        del self.tokens[len(self.tokens) - len(new) + n :]  # the run ends here: the caches are cut by the next one
+        return new[:n], self.constraint.state() != DONE
 
     def _step(self) -> list[int]:
         """Plan (gamma, width) and who drafts, draft, let the method verify, commit what it kept,
