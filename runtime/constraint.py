@@ -43,7 +43,9 @@ KINDS: tuple[Kind, ...] = ("json_schema", "json_object", "lark", "gbnf", "regex"
 # A grammar's text may be this long: compiling grows faster than linearly with it (100k Lark
 # alternatives, ~1 MB, took 28 s and hit an internal assertion), 128 KiB compiles well within 2 s.
 MAX_GRAMMAR_BYTES = 128 * 1024
-COMPILE_S = 2.0  # a grammar that takes longer to compile is refused (its compile runs on, bounded by LIMITS)
+# A grammar that takes longer to compile is refused (its compile runs on, bounded by LIMITS), so that
+# a request hears within 2 s, the grammar's construction and its first mask included.
+COMPILE_S = 1.5
 COMPILERS = 2  # compiles at once; a request waits for a free one within its own COMPILE_S
 CACHE_GRAMMARS = 32  # compiled grammars kept per vocabulary (refusals too), least recently used dropped
 CACHE_ROWS = 1024  # masks a run keeps (packed: 32 KiB each on a 262k vocabulary)
@@ -390,9 +392,12 @@ class Matcher:
             n = self._m.try_consume_tokens(ids) if ids else 0
             if self._m.is_error():
                 self._rebuild(self.answer + ids[:n])
-            self.answer += ids[:n]
-            self.at += n
-            done = tuple(ids[:n])
+            answer = ids[:n]
+            if n < len(ids) and ids[n] in self.vocab.eog and self._m.is_accepting():
+                n += 1  # the end of a complete answer (llguidance takes none once nothing can follow)
+            self.answer += answer
+            self.at += len(answer)
+            done = tuple(answer)
             self._masks = {p[n:]: m for p, m in self._masks.items() if p[:n] == done}  # still ahead
             self.seconds += time.perf_counter() - t0
         return n
