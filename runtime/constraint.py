@@ -25,6 +25,7 @@ import hashlib
 import json
 import threading
 import time
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -229,7 +230,9 @@ def _build_vocab(backend: Backend) -> Vocab:
         if eog:
             from llguidance.llamacpp import lltokenizer_from_vocab
 
-            return Vocab(lltokenizer_from_vocab(handle, n_vocab=n, eos_token=eog), n, eog)
+            with warnings.catch_warnings():  # it asks llama-cpp-python's deprecated name, once a token
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return Vocab(lltokenizer_from_vocab(handle, n_vocab=n, eos_token=eog), n, eog)
     eog = [i for i in range(n) if backend.is_eog(i)]
     tokens = [backend.token_bytes(i) for i in range(n)]
     for s in specials:  # control tokens are never text a grammar matches: llguidance's 0xff mark

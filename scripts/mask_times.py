@@ -68,7 +68,10 @@ CASES: list[tuple[str, Any, dict[str, Any]]] = [
         {
             "id": 1042,
             "status": "shipped",
-            "items": [{"sku": "ABC-1234", "quantity": 2, "price": 9.5}, {"sku": "XYZ-0001", "quantity": 1, "price": 120}],
+            "items": [
+                {"sku": "ABC-1234", "quantity": 2, "price": 9.5},
+                {"sku": "XYZ-0001", "quantity": 1, "price": 120},
+            ],
         },
     ),
     (
