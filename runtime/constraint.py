@@ -256,13 +256,16 @@ class _Tokenize:
     def __init__(self, backend: Backend, tokens: list[bytes], eos: int):
         self.tokens, self.eos_token_id = tokens, eos
         self.special_token_ids = [i for i, t in enumerate(tokens) if t.startswith(b"\xff")]
-        raw: Optional[Callable[[str], list[int]]] = getattr(backend, "tokenize_raw", None)
-        self._tokenize = raw or (lambda text: backend.tokenize(text, add_special=False, special=False))
+        self._backend = weakref.ref(backend)  # the Vocab is kept by the backend's life: no cycle back to it
 
     def __call__(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError("text only")  # the wrapper then hands over str, not bytes
-        return self._tokenize(text)
+        backend = self._backend()
+        if backend is None:
+            raise RuntimeError("the model of this vocabulary was closed")
+        raw: Optional[Callable[[str], list[int]]] = getattr(backend, "tokenize_raw", None)
+        return raw(text) if raw is not None else backend.tokenize(text, add_special=False, special=False)
 
 
 # -- compiling ------------------------------------------------------------------------------------
@@ -314,10 +317,8 @@ def _compile(grammar: Grammar, vocab: Vocab) -> Compiled:
         source = grammar.source()
     except RecursionError:
         raise OptionError(f"{what} is nested too deeply", "grammar") from None
-    except (ValueError, TypeError) as e:
-        raise OptionError(f"{what} is refused: {first_line(e)}", "grammar") from None
-    except Exception as e:  # the GBNF converter raises its own kinds
-        raise OptionError(f"{what} is refused: {first_line(e)}", "grammar") from None
+    except Exception as e:  # ValueError, TypeError, and the GBNF converter's own kinds
+        raise OptionError(f"{what} is refused: {_one_line(str(e))}", "grammar") from None
     matcher = llg.LLMatcher(vocab.tokenizer, source, log_level=0, limits=LIMITS)
     matcher.compute_bitmask()  # the first mask finds a grammar that matches nothing
     if matcher.is_error():
@@ -327,10 +328,20 @@ def _compile(grammar: Grammar, vocab: Vocab) -> Compiled:
 
 def _why(matcher: llg.LLMatcher) -> str:
     """llguidance's error in one short line ('NoExtensionBias': nothing the grammar allows fits)."""
-    text = first_line(RuntimeError(matcher.get_error())) if matcher.get_error() else matcher.stop_reason()
+    text = _one_line(matcher.get_error() or matcher.stop_reason())
     if text in ("NoExtension", "NoExtensionBias"):
         return "it matches no text the model can write"
-    return text[:200]
+    return text
+
+
+def _one_line(text: str) -> str:
+    """A grammar compiler's message in one line: its first line, and the line naming the error
+    where it says more below (a regex's 'error: backreferences are not supported')."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return "no reason given"
+    detail = next((line for line in lines[1:] if line.startswith("error:")), "")
+    return f"{lines[0]} {detail}".strip()[:200]
 
 
 def _bounded(work: Callable[[], T], what: str) -> T:
@@ -358,7 +369,7 @@ def _bounded(work: Callable[[], T], what: str) -> T:
     if failed:
         if isinstance(failed[0], OptionError):
             raise failed[0]
-        raise OptionError(f"{what} is refused: {first_line(failed[0])}", "grammar")
+        raise OptionError(f"{what} is refused: {_one_line(str(failed[0]))}", "grammar")
     value: T = box[0]
     return value
 

@@ -3,6 +3,7 @@ paths and trees, the loop's end on a complete answer or a dead end, every method
 sd lossless with respect to the masked target, and hostile grammars refused or bounded."""
 
 import json
+import re
 import time
 
 import numpy as np
@@ -391,6 +392,20 @@ def test_hostile_grammars_are_refused_in_one_line_or_compiled_within_the_bound(n
     model = FakeLM(alphabet=ASCII)
     C.vocab_of(model)  # the vocabulary is built once per model, apart from any grammar's bound
     assert_refused_or_bounded(HOSTILE[name], model)
+
+
+def test_refusals_name_the_problem():
+    model = FakeLM(alphabet=ASCII)
+    for name, words in [
+        ("regex back-reference", "backreferences are not supported"),
+        ("unimplemented keywords", 'Unimplemented keys: ["dependentSchemas"]'),
+        ("missing $ref", "'/$defs/nope' does not exist"),
+        ("enum of 100k values", "more than the 131072 allowed"),
+        ("nested objects 100 deep", "recursion limit exceeded"),
+        ("recursive $ref", "matches no text the model can write"),
+    ]:
+        with pytest.raises(OptionError, match=re.escape(words)):
+            C.compile(HOSTILE[name](), model)
 
 
 # -- the real default pair (slow) ------------------------------------------------------------------
