@@ -287,7 +287,7 @@ _SLOTS = threading.BoundedSemaphore(COMPILERS)
 T = TypeVar("T")
 
 
-def compile(grammar: Grammar, backend: Backend) -> Compiled:  # noqa: A001  (the module's verb)
+def compile(grammar: Grammar, backend: Backend) -> Compiled:
     """``grammar`` compiled for ``backend``'s vocabulary, from the cache where it was compiled (or
     refused) before; else within ``COMPILE_S``, or an OptionError naming the problem."""
     if not isinstance(grammar, Grammar):
@@ -411,8 +411,8 @@ class Matcher:
                 n += 1  # the end of a complete answer (llguidance takes none once nothing can follow)
             self.answer += answer
             self.at += len(answer)
-            done = tuple(answer)
-            self._masks = {p[n:]: m for p, m in self._masks.items() if p[:n] == done}  # still ahead
+            done, k = tuple(answer), len(answer)
+            self._masks = {p[k:]: m for p, m in self._masks.items() if p[:k] == done}  # still ahead
             self.seconds += time.perf_counter() - t0
         return n
 
@@ -467,14 +467,13 @@ class Matcher:
             self.seconds += time.perf_counter() - t0
         return out
 
-    def apply_along(self, logits: np.ndarray, draft: TokenIds, context: Sequence[int] = ()) -> np.ndarray:
+    def apply_along(self, logits: np.ndarray, draft: TokenIds) -> np.ndarray:
         """``apply`` to the last len(draft) + 1 rows of ``logits``: a target call's rows after the
-        committed answer (then ``context``'s tokens past it) and after each drafted token."""
-        base = self.path(context) if context else ()
+        committed answer and after each drafted token."""
         draft = [int(t) for t in draft]
         n = len(draft) + 1
         rows = np.asarray(logits)
-        masked = self.apply(rows[-n:], [(*base, *draft[:i]) for i in range(n)])
+        masked = self.apply(rows[-n:], [tuple(draft[:i]) for i in range(n)])
         if len(rows) == n:
             return masked
         return np.concatenate([rows[:-n], masked])
