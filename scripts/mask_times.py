@@ -4,6 +4,11 @@ following a valid answer token by token (as constrained ``ar`` does), applying a
 logits, and the forced (fast-forward) tokens along the answer.
 
     .venv/bin/python scripts/mask_times.py [--pairs smollm2-135m,gemma3-270m] [--repeats 3]
+    .venv/bin/python scripts/mask_times.py --runs smollm2-135m [--methods ar,sd,mtad] [--repeats 3]
+
+``--runs PAIR`` (a name or a manifest: the x4 stand-in's) times whole constrained runs instead:
+per method, the share of the run's time its masks took (``Stats.mask_s``) and its speed beside
+the same method unconstrained.
 
 Run it on an idle machine: masks are tens of microseconds, and a busy core doubles them.
 """
@@ -175,12 +180,47 @@ def model_text(model: LlamaCppBackend, tokens: list[int]) -> str:
     return "|".join(model.token_bytes(t).decode("utf-8", "replace") for t in tokens)
 
 
+def runs(pair: str, methods: list[str], repeats: int, threads: int) -> None:
+    """Whole runs on a pair through the Engine: constrained (the person schema) and not."""
+    from mtad_edge.engine import Engine
+
+    schema = C.Grammar.json_schema(CASES[0][1])
+    msgs = [{"role": "user", "content": "Describe a famous scientist as a JSON object with name, age, email, tags."}]
+    print(f"| {pair} method | constrained tok/s | unconstrained tok/s | ratio | mask share of the run | finish |")
+    print("|---|---|---|---|---|---|")
+    with Engine.load(pair=pair, threads=threads) as engine:
+        engine.chat(msgs, constraint=schema, max_tokens=4).text()  # the vocabulary and grammar built once, apart
+        for method in methods:
+            speeds: dict[bool, list[float]] = {True: [], False: []}
+            shares, ends = [], set()
+            for seed in range(repeats):
+                for constrained in (True, False):
+                    grammar = schema if constrained else None
+                    r = engine.chat(msgs, constraint=grammar, method=method, max_tokens=48, seed=seed, temperature=1.0)
+                    r.text()
+                    speeds[constrained].append(r.stats.tokens_per_s or 0.0)
+                    if constrained:
+                        shares.append(r.stats.mask_s / max(r.stats.decode_s, 1e-9))
+                        ends.add(r.finish_reason)
+            on, off = statistics.median(speeds[True]), statistics.median(speeds[False])
+            print(
+                f"| {method} | {on:.1f} | {off:.1f} | {on / off:.2f} | {statistics.median(shares):.1%} "
+                f"| {', '.join(sorted(ends))} |",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", default="smollm2-135m,gemma3-270m")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", metavar="PAIR", help="time whole constrained runs on PAIR instead")
+    ap.add_argument("--methods", default="ar,sd,mtad,mmtad")
     args = ap.parse_args()
+    if args.runs:
+        runs(args.runs, args.methods.split(","), args.repeats, args.threads)
+        return
     print(f"llguidance {C.llg.__version__}")
     print(
         "| vocabulary | schema | answer tokens | compile ms | mask mean / p50 / p99 us | apply a row us "
