@@ -39,6 +39,8 @@ from mtad_edge.runtime.drafting.controller import Model
 from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, OptionError, json_int, quoted
 from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
 from mtad_edge.runtime.stats import Stats
+from mtad_edge.runtime.text.constraint import Grammar
+from mtad_edge.runtime.text.constraint import compile as compile_grammar
 from mtad_edge.runtime.text.special import TooLong
 from mtad_edge.textstream import StopText, TextStream
 
@@ -352,6 +354,7 @@ class Engine:
         logprobs: Optional[int] = None,
         learned_costs: bool = False,
         parse_special: bool = True,
+        constraint: Optional[Grammar] = None,
         **options: Any,
     ) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
@@ -360,7 +363,9 @@ class Engine:
         under the target's raw distribution and its N most likely alternatives
         (mtad_edge/logprobs.py). ``parse_special``: special tokens written in the prompt
         (``<|im_start|>``) become control tokens, as llama.cpp's tools read a raw prompt; False
-        keeps them text.
+        keeps them text. ``constraint``: a ``Grammar`` the answer follows (JSON schema, JSON object,
+        Lark, GBNF, regex: docs/structured-output.md); the answer ends with finish reason "stop"
+        where it is complete, "dead_end" where nothing the grammar allows can follow.
 
         Without a seed the cached prefix of the last request is reused (a chat's next turn
         prefills only what is new). With one, the caches are cleared first: llama.cpp's logits
@@ -374,7 +379,7 @@ class Engine:
         check_text(prompt, "prompt")
         if not isinstance(parse_special, bool):
             raise OptionError(f"parse_special must be True or False, got {quoted(parse_special)}", "parse_special")
-        return self._start(lambda _: [(prompt, parse_special)], stop, logprobs, learned_costs, options)
+        return self._start(lambda _: [(prompt, parse_special)], stop, logprobs, learned_costs, options, constraint)
 
     def chat(
         self,
@@ -383,11 +388,12 @@ class Engine:
         stop: Sequence[str] = (),
         logprobs: Optional[int] = None,
         learned_costs: bool = False,
+        constraint: Optional[Grammar] = None,
         **options: Any,
     ) -> Response:
         """Answer a conversation rendered with the pair's chat template. Only the template's markup
         becomes control tokens: a message's text stays text, whatever it holds (a user's
-        ``<|im_end|>`` closes no turn)."""
+        ``<|im_end|>`` closes no turn). ``constraint``: as ``generate``'s."""
         self._check_messages(messages)
 
         def segments(limit: int) -> Segments:
@@ -395,7 +401,7 @@ class Engine:
                 raise TooLong(limit, f"{len(messages)} messages, each a token or more")
             return self._require_open().chat_segments(messages)
 
-        return self._start(segments, stop, logprobs, learned_costs, options)
+        return self._start(segments, stop, logprobs, learned_costs, options, constraint)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Messages -> prompt text with the pair's chat template."""
@@ -416,10 +422,12 @@ class Engine:
         logprobs: Optional[int],
         learned_costs: bool,
         options: dict[str, Any],
+        constraint: Optional[Grammar] = None,
     ) -> Response:
         """A response to the prompt ``text(limit)`` makes: the request's options are checked first,
         then the prompt is tokenised, refused from its size where it cannot fit the context's
-        ``limit`` tokens (before tokenising where its bytes or messages tell, else as it is)."""
+        ``limit`` tokens (before tokenising where its bytes or messages tell, else as it is), then
+        the constraint compiled for the target's vocabulary (bounded in time, cached)."""
         models = self._require_open()
         cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and not json_int(logprobs, 0, LOGPROBS_MAX):
@@ -433,6 +441,9 @@ class Engine:
             raise ContextOverflowError(
                 f"prompt has {e} but the context holds {limit} (--ctx-size); shorten it or raise --ctx-size"
             ) from None
+        if constraint is not None and not isinstance(constraint, Grammar):
+            raise OptionError(f"constraint must be a Grammar, got {quoted(constraint)}", "constraint")
+        compiled = compile_grammar(constraint, models.target) if constraint is not None else None
         gen = Generation(
             models.target,
             models.aux,
@@ -442,6 +453,7 @@ class Engine:
             model=model,
             vocab=models.vocab,
             learn=learned_costs,
+            constraint=compiled,
         )
         response = Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
         self._responses.add(response)

@@ -30,6 +30,7 @@ from .methods import StepResult, StepView
 from .options import REPEAT_N
 from .rules.repeats import Seen
 from .stats import Stats
+from .text.constraint import DONE, OPEN, Compiled, Grammar, Matcher, compile
 from .text.vocab import VocabMap
 
 TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
@@ -43,7 +44,10 @@ class Generation:
     about this pair (an engine shares one between requests). ``clock``: seconds, for timings.
     ``vocab``: the map when the aux speaks another vocabulary (runtime/text/vocab.py). ``learn``: a
     seeded run too plans from ``model`` and teaches it (else from a frozen copy). A drafting method
-    drafts as ``cfg.drafter`` says (drafting/__init__.py: the registry, and what 'auto' takes)."""
+    drafts as ``cfg.drafter`` says (drafting/__init__.py: the registry, and what 'auto' takes).
+    ``constraint``: a grammar the answer follows (runtime/text/constraint.py), compiled or to be
+    compiled; the run ends with finish reason "stop" where it is complete and "dead_end" where
+    nothing it allows can follow."""
 
     def __init__(
         self,
@@ -56,6 +60,7 @@ class Generation:
         clock: Callable[[], float] = time.perf_counter,
         vocab: Optional[VocabMap] = None,
         learn: bool = False,
+        constraint: Optional[Compiled | Grammar] = None,
     ):
         if not prompt:
             raise OptionError("the prompt must contain at least one token", "prompt")
@@ -67,10 +72,13 @@ class Generation:
         self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive and not learn else model
         self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         self.tokens = list(prompt)
+        if isinstance(constraint, Grammar):
+            constraint = compile(constraint, target)
+        self.constraint: Optional[Matcher] = constraint.start(len(prompt)) if constraint is not None else None
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
         budget = lambda: cfg.max_tokens - self.stats.generated  # noqa: E731
         space = lambda: self._room() - len(self.tokens)  # noqa: E731
-        run = Run(target, aux, cfg, self.method, self.model, clock, self.seed, vocab, budget, space)
+        run = Run(target, aux, cfg, self.method, self.model, clock, self.seed, vocab, budget, space, self.constraint)
         self.drafters = Drafters.build(run)
         self.stats.gamma_min, self.stats.drafters = self.drafters.gamma_floor, self.drafters.counters
         self.layout = self.method.layout(self.drafters.max_gamma, self.drafters.max_width, cfg.tree)
@@ -100,6 +108,7 @@ class Generation:
             self.rng,
             clock,
             seen,
+            self.constraint,
         )
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -115,10 +124,15 @@ class Generation:
                 if len(self.tokens) > self._room():
                     st.finish_reason = "context"
                     return
+                if self._constraint_ends():
+                    return
                 between_steps = False
                 new = self._step()
                 between_steps = True
+                new, dead = self._follow(new)
                 out, stop = self._clip(new)
+                if dead:
+                    st.finish_reason, stop = "dead_end", True
                 st.generated += len(out)
                 if out:
                     if st.ttft_s is None:
@@ -130,8 +144,33 @@ class Generation:
             self.drafters.finish(self.tokens[st.prompt_tokens :])
             if not between_steps:  # stopped inside a step: drop what it left half done
                 self._drop_caches()
+            if self.constraint is not None:
+                st.mask_s = self.constraint.seconds
             st.wall_s = clock() - t0
             st.other_s = st.wall_s - sum(getattr(st, f) for f in TIMED_FIELDS)
+
+    def _constraint_ends(self) -> bool:
+        """Whether the constraint ends the run before the next step: the answer is complete
+        (only the end of generation may follow: "stop") or nothing may follow ("dead_end")."""
+        if self.constraint is None:
+            return False
+        state = self.constraint.state()
+        if state == OPEN:
+            return False
+        self.stats.finish_reason = "stop" if state == DONE else "dead_end"
+        return True
+
+    def _follow(self, new: list[int]) -> tuple[list[int], bool]:
+        """The constraint consumes a committed block; a token it does not allow (drawn from a row
+        past a dead end, which no mask could constrain) cuts the block there and ends the run, as
+        a dead end unless the answer was complete before it."""
+        if self.constraint is None:
+            return new, False
+        n = self.constraint.commit(new)
+        if n == len(new) or any(self.target.is_eog(t) for t in new[:n]):
+            return new, False
+        del self.tokens[len(self.tokens) - len(new) + n :]  # the run ends here: the caches are cut by the next one
+        return new[:n], self.constraint.state() != DONE
 
     def _step(self) -> list[int]:
         """Choose the step's offer, let its drafter draft, let the method verify (with the

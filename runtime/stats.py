@@ -38,6 +38,7 @@ class Stats:
     # (the aux: ahead_drafts, ahead_hits with --draft-ahead on; vocab_resyncs, vocab_mapped_share
     # with an aux of another vocabulary).
     drafters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mask_s: float = 0.0  # a constraint's masks (inside draft_s and verify_s: computed where they are used)
 
     @property
     def acceptance_rate(self) -> Optional[float]:

@@ -39,6 +39,8 @@ class FakeLM:
     computed in, so any mistake in KV bookkeeping (a beam evaluated on its sibling's cache, a
     rollback that keeps a stale token, a token at the wrong position) changes the distribution.
     ``salt`` makes a different model over the same vocabulary (a draft unlike its target).
+    ``alphabet``: a byte-level vocabulary instead, one token per byte of it and an end-of-generation
+    token after them (what a grammar's matcher needs: tokens with text, a tokenizer, an EOS).
     """
 
     def __init__(
@@ -51,10 +53,14 @@ class FakeLM:
         eog: int | None = None,
         clock: FakeClock | None = None,
         cost=None,
+        alphabet: bytes | None = None,
     ):
         """``clock`` and ``cost``: each decode advances ``clock`` by ``cost(rows)`` seconds, a
         scripted machine for the adaptive controller."""
         self.clock, self.cost = clock, cost
+        self.alphabet = alphabet
+        if alphabet is not None:
+            vocab, eog = len(alphabet) + 1, len(alphabet) if eog is None else eog
         self.n_vocab, self.salt, self.n_ctx, self.n_seq_max = vocab, salt, n_ctx, n_seq_max
         self.n_positions = n_ctx
         self.n_batch = n_ctx
@@ -68,6 +74,8 @@ class FakeLM:
         return (np.random.default_rng(seed).normal(size=self.n_vocab) * self.sharpness).astype(np.float32)
 
     def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
+        if self.alphabet is not None:
+            return [self.alphabet.index(b) for b in text.encode() if b in self.alphabet]
         return [ord(c) % self.n_vocab for c in text]
 
     def tokenize_segments(self, segments, add_special: bool = True, limit=None) -> list[int]:
@@ -79,6 +87,8 @@ class FakeLM:
         return ids
 
     def token_bytes(self, token: int) -> bytes:
+        if self.alphabet is not None:
+            return self.alphabet[token : token + 1]  # the EOS token past the alphabet: b""
         return chr(ord("a") + token).encode()
 
     def is_eog(self, token: int) -> bool:
@@ -195,6 +205,9 @@ class Served:
         self.thread.join(10)
         self.runs.close()
 
+
+# Printable ASCII and a newline: a FakeLM(alphabet=...) that can write any JSON.
+ASCII = bytes(range(32, 127)) + b"\n"
 
 _FAKE_AUX = object()
 

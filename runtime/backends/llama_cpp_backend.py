@@ -406,6 +406,12 @@ class LlamaCppBackend:
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
 
+    @property
+    def vocab_handle(self) -> Any:
+        """llama.cpp's vocabulary of the model (a llama_vocab pointer), for a library that reads it
+        through llama.cpp itself (llguidance's tokenizer: runtime/text/constraint.py)."""
+        return self._vocab
+
     def vocab_info(self) -> VocabInfo:
         lib, vocab = self._lib, self._vocab
         return VocabInfo(

@@ -32,7 +32,9 @@ class AuxDrafter(Drafter):
         self.ctrl = self._controller()
         self.adaptive = isinstance(self.ctrl, Controller)
         cross = CrossVocab(run.vocab, run.target, run.aux) if run.vocab is not None else None
-        self.beams = BeamDrafter(run.aux, cfg.sampling, run.rng(0), self.width, run.clock, cross, cfg.no_repeat)
+        self.beams = BeamDrafter(
+            run.aux, cfg.sampling, run.rng(0), self.width, run.clock, cross, cfg.no_repeat, run.constraint
+        )
         self.synced = 0  # committed tokens when it last drafted (or was fed the prompt)
         self.ahead: Optional[DraftingAhead] = None
         if cfg.draft_ahead == "on" and not run.method.tree:

@@ -20,6 +20,7 @@ from ..drafting.base import Draft
 from ..rules.repeats import Seen
 from ..rules.sampling import Columns, Filter, KeptRows, sample_logits
 from ..rules.verify import greedy_accept_length
+from ..text.constraint import Matcher
 
 R = TypeVar("R")  # what a step reads from a target call's logits
 
@@ -56,6 +57,7 @@ class StepView:
     rng: np.random.Generator
     clock: Callable[[], float]
     seen: Optional[Seen] = None  # the text's n-grams, where repeat_penalty asks for them
+    constraint: Optional[Matcher] = None  # a grammar's masks, applied to the logits before p is read
 
 
 def repeat_bars(run: StepView, paths: np.ndarray) -> Optional[np.ndarray]:
@@ -126,9 +128,12 @@ class Method:
 def target_call(run: StepView, read: Callable[[np.ndarray], R], draft: TokenIds = ()) -> tuple[R, Call]:
     """One target call on the pending token plus ``draft`` (logits of every draft position plus
     one; the last row alone without a draft), read by ``read`` within the call's timing: what a
-    step makes of the rows is part of the call's price."""
+    step makes of the rows is part of the call's price. Under a constraint each row is masked by
+    the grammar after the draft's tokens before it."""
     t0, rows = run.clock(), len(run.tokens) - len(run.target.held(0)) + len(draft)
     logits = feed(run.target, run.tokens, draft, logits="all" if len(draft) else "last")
+    if run.constraint is not None:
+        logits = run.constraint.apply_along(logits, draft)
     return read(logits), Call(rows, run.clock() - t0)
 
 

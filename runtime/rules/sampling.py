@@ -270,7 +270,7 @@ def _sample_few(ids: list[int], logits: list[float], cfg: Filter, rng: np.random
         cum += p
         if cum > u:
             return int(token)
-    return int(chosen[-1][0])
+    return int(next(t for t, p in reversed(chosen) if p > 0))  # rounding: never a token of weight 0 (masked)
 
 
 def sample(logp: np.ndarray, rng: np.random.Generator) -> int:

@@ -53,6 +53,13 @@ class TokenTree:
     def __len__(self) -> int:
         return len(self.token)
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Each node's tokens from the root down to it (node order)."""
+        out: list[tuple[int, ...]] = []
+        for tok, par in zip(self.token, self.parent):
+            out.append((*(out[par] if par >= 0 else ()), tok))
+        return out
+
     def parent_rows(self) -> np.ndarray:
         """(n, gamma): the logits row predicting x_{b,d}, when row 0 is the root and row
         1 + i is node i."""
