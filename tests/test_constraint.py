@@ -242,7 +242,8 @@ def test_greedy_drafting_gives_constrained_ar_text_token_for_token(tree):
                 assert out == ar, (prompt, method, gamma)
                 assert st.accepted > 0
         for method in ("sd", "mtad"):  # the aux drafting the next block during the verify, masked too
-            cfg = DecodeConfig(method, 40, gamma=3, sampling=GREEDY, draft_ahead="on")
+            # (the aux alone: a forced span's step joins the aux's draft to it, and drafts nothing ahead)
+            cfg = DecodeConfig(method, 40, gamma=3, sampling=GREEDY, draft_ahead="on", drafter="aux")
             out, st = generate_tokens(t, a, ids, cfg, constraint=schema)
             assert out == ar and counted(st, "aux", "ahead_drafts") > 0, (prompt, method)
 

@@ -9,14 +9,17 @@ entry wants for the run).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Optional
+
+import numpy as np
 
 from ..errors import OptionError
 from .aux import AuxDrafter
 from .base import AUTO, Draft, Drafter, Kept, Offer, Overlap, Run
 from .controller import FixedController, Plan
+from .forced import ForcedDrafter
 from .lookup import LookupDrafter
 
 
@@ -30,8 +33,11 @@ class Entry:
     auto: Callable[[Run], bool]
 
 
-# In the order they are asked: free drafters first (a free draft that pays is taken over a dearer one).
+# In the order they are asked: certain spans first (continued by a drafter that can), then free
+# drafters (a free draft that pays is taken over a dearer one).
 REGISTRY: dict[str, Entry] = {
+    # A grammar's forced spans: wherever the request has a constraint.
+    "forced": Entry(lambda run, _: ForcedDrafter(run), False, lambda run: run.constraint is not None),
     # Prompt lookup: beside the aux where the controller prices drafts (gamma 'auto'), alone without an aux.
     "ngram": Entry(lambda run, _: LookupDrafter(run), False, lambda run: run.cfg.gamma == AUTO or run.aux is None),
     "aux": Entry(lambda run, free: AuxDrafter(run, free), True, lambda run: run.aux is not None),
@@ -70,6 +76,9 @@ class Drafters:
             floors[0] if floors else None
         )  # for the stats: the shortest draft 'auto' allows
         self._asked: list[Offer] = []
+        self._parts: tuple[Draft, Draft] = (
+            Draft.certain(np.zeros(0, dtype=np.int64)),
+        ) * 2  # a joined step's span and continuation
 
     @classmethod
     def build(cls, run: Run) -> Drafters:
@@ -93,65 +102,118 @@ class Drafters:
             d.start(tokens)
 
     def choose(self, tokens: Sequence[int], cap: int, step: int) -> Offer:
-        """The step's offer. Each drafter is asked in turn: a later offer replaces the one standing
+        """The step's offer. A certain span (a grammar's forced tokens) is drafted wherever one is
+        offered, continued in the same verify by the best offer of the drafters that can draft
+        after it. Otherwise each drafter is asked in turn: a later offer replaces the one standing
         unless that one drafts and the later does not, or the later drafts no faster (expected
-        tokens per second); where the standing offer drafts, a drafter with a fixed plan (no rate to
-        compare) is not asked. Where none drafts, the last plain plan stands."""
+        tokens per second); where the standing offer drafts, a drafter with a fixed plan (no rate
+        to compare) is not asked. Where none drafts, the last plain plan stands."""
         if self._fixed is not None:
             return Offer(None, self._fixed.plan(cap))
         self._asked = []
-        chosen: Optional[Offer] = None
+        span: Optional[Offer] = None
         for d in self.drafters:
+            if d.certain and (offer := self._ask(d, tokens, cap, step)).drafts:
+                span = offer
+                break
+        if span is not None:
+            assert span.found is not None
+            after = tuple(int(t) for t in span.found)
+            later = [d for d in self.drafters if d.continues and not d.certain]
+            then = self._best(later, tokens, cap - len(after), step, after) if cap > len(after) else None
+            self._pass(then)
+            if then is None or not then.drafts:
+                return span
+            plan = replace(then.plan, gamma=len(after) + then.plan.gamma, tokens=then.plan.tokens + len(after))
+            return replace(span, plan=plan, then=then)
+        chosen = self._best([d for d in self.drafters if not d.certain], tokens, cap, step)
+        self._pass(chosen)
+        return chosen if chosen is not None else Offer(None, Plan(0, 1))  # a drafting method, nothing to draft with
+
+    def _ask(self, d: Drafter, tokens: Sequence[int], cap: int, step: int, after: tuple[int, ...] = ()) -> Offer:
+        offer = d.offer(tokens, cap, step, after)
+        self._asked.append(offer)
+        return offer
+
+    def _best(
+        self, drafters: Sequence[Drafter], tokens: Sequence[int], cap: int, step: int, after: tuple[int, ...] = ()
+    ) -> Optional[Offer]:
+        """The rule between drafters (``choose``), stated once."""
+        chosen: Optional[Offer] = None
+        for d in drafters:
             if chosen is not None and chosen.drafts and not d.adaptive:
                 break
-            offer = d.offer(tokens, cap, step)
-            self._asked.append(offer)
+            offer = self._ask(d, tokens, cap, step, after)
             if chosen is None or not (chosen.drafts and (not offer.drafts or chosen.plan.rate >= offer.plan.rate)):
                 chosen = offer
-        if chosen is None:  # no drafter (a drafting method with drafting off)
-            return Offer(None, Plan(0, 1))
-        for d in self.drafters:
-            if d is not chosen.drafter or not chosen.drafts:
-                d.passed()
         return chosen
 
+    def _pass(self, chosen: Optional[Offer]) -> None:
+        """Every drafter that drafts nothing this step hears it."""
+        drafting = chosen.drafter if chosen is not None and chosen.drafts else None
+        for d in self.drafters:
+            if d is not drafting:
+                d.passed()
+
     def draft(self, offer: Offer, tokens: Sequence[int], step: int) -> Optional[Draft]:
-        """The offer's draft (None: a plain step, or a method's own search on the target)."""
+        """The offer's draft (None: a plain step, or a method's own search on the target); a span
+        and the draft that continues it as one."""
         if not offer.drafts:
             return None
         assert offer.drafter is not None
-        return offer.drafter.draft(offer, tokens, step)
+        draft = offer.drafter.draft(offer, tokens, step)
+        if offer.then is not None:
+            assert offer.then.drafter is not None
+            self._parts = (draft, offer.then.drafter.draft(offer.then, tokens, step))
+            return draft.then(self._parts[1])
+        return draft
 
     def overlap(self, offer: Offer, draft: Optional[Draft], tokens: Sequence[int], step: int) -> Optional[Overlap]:
-        if draft is None or offer.drafter is None:
+        if draft is None or offer.drafter is None or offer.then is not None:
             return None
         return offer.drafter.overlap(offer, draft, tokens, step)
 
     def commit(self, offer: Offer, draft: Optional[Draft], kept: Kept, tokens: Sequence[int]) -> None:
-        """The target kept what ``kept`` says: its drafter follows, and its counters count it."""
+        """The target kept what ``kept`` says: the drafters follow, and their counters count it."""
         if draft is None or offer.drafter is None:
             return
-        c, k = offer.drafter.counters, kept.accepted
+        k = kept.accepted
         assert k is not None
+        if offer.then is None:
+            self._count(offer.drafter, len(draft.tokens), k)
+            offer.drafter.commit(offer, draft, kept, tokens)
+            return
+        more, n = self._parts[1], len(self._parts[0].tokens)
+        assert offer.then.drafter is not None
+        self._count(offer.drafter, n, min(k, n))
+        self._count(offer.then.drafter, len(more.tokens), max(0, k - n))
+        offer.then.drafter.commit(offer.then, more, After(kept, n), tokens)
+
+    @staticmethod
+    def _count(drafter: Drafter, drafted: int, accepted: int) -> None:
+        c = drafter.counters
         c["steps"] += 1
-        c["drafted"] += len(draft.tokens)
-        c["accepted"] += k
-        offer.drafter.commit(offer, draft, kept, tokens)
+        c["drafted"] += drafted
+        c["accepted"] += accepted
 
     def learn(
         self, offer: Offer, draft: Optional[Draft], kept: Kept, calls: Sequence[tuple[int, float, bool]], seconds: float
     ) -> None:
         """The cost tables learn the step's calls (``calls``: the target's rows, seconds and whether a
-        tree verify), the drafter that planned it what it delivered, and the drafters passed over
-        for a plain step that they too planned a plain step."""
+        tree verify), the drafter that planned it what it delivered (after a span, the drafter that
+        continued it, where the target kept the span), and the drafters passed over for a plain
+        step that they too planned a plain step."""
         m, calls_s = self.run.model, 0.0
-        if draft is not None and offer.drafter is not None:
-            calls_s += offer.drafter.observe_calls(offer, draft)
+        learner, mine, result = offer, draft, kept
+        if offer.then is not None:
+            learner, mine, result = offer.then, self._parts[1], After(kept, len(self._parts[0].tokens))
+        if mine is not None and learner.drafter is not None:
+            calls_s += learner.drafter.observe_calls(learner, mine)
         for rows, secs, tree in calls:
             (m.tree if tree else m.target).observe(rows, secs)
             calls_s += secs
-        if offer.drafter is not None:
-            offer.drafter.learn(offer, draft, kept, seconds, calls_s)
+        if learner.drafter is not None and (result.accepted is None or result.accepted >= 0):
+            learner.drafter.learn(learner, mine, result, seconds, calls_s)
         if draft is None:
             for asked in self._asked:
                 if asked is not offer and asked.drafter is not None and not asked.drafts:
@@ -180,3 +242,35 @@ class Drafters:
     @property
     def counters(self) -> dict[str, dict[str, object]]:
         return {d.name: d.counters for d in self.drafters}
+
+
+@dataclass(frozen=True)
+class After:
+    """A verified step as the drafter that continued a span of n tokens sees it: its own drafted
+    tokens kept (negative where the target kept only part of the span)."""
+
+    kept: Kept
+    n: int
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.kept.tokens
+
+    @property
+    def accepted(self) -> Optional[int]:
+        k = self.kept.accepted
+        return None if k is None else k - self.n
+
+    @property
+    def beam(self) -> Optional[int]:
+        return self.kept.beam
+
+    @property
+    def tree_nodes(self) -> Optional[list[int]]:
+        nodes = self.kept.tree_nodes
+        return None if nodes is None else nodes[self.n :]
+
+    @property
+    def alone_accepted(self) -> Optional[int]:
+        alone = self.kept.alone_accepted
+        return None if alone is None else max(0, alone - self.n)

@@ -36,6 +36,7 @@ class AuxDrafter(Drafter):
             run.aux, cfg.sampling, run.rng(0), self.width, run.clock, cross, cfg.no_repeat, run.constraint
         )
         self.synced = 0  # committed tokens when it last drafted (or was fed the prompt)
+        self.continues = cross is None  # it drafts after a span in its own first call (the target's tokens)
         self.ahead: Optional[DraftingAhead] = None
         if cfg.draft_ahead == "on" and not run.method.tree:
             if cross is not None:
@@ -91,20 +92,24 @@ class AuxDrafter(Drafter):
             return True
         return self.ctrl.acc.since_draft < AUX_IDLE_PLANS
 
-    def offer(self, tokens: Sequence[int], cap: int, step: int) -> Offer:
-        plan = self.ctrl.plan(cap, len(tokens) - self.synced)
+    def offer(self, tokens: Sequence[int], cap: int, step: int, after: tuple[int, ...] = ()) -> Offer:
+        plan = self.ctrl.plan(cap, len(tokens) - self.synced + len(after))  # a span is fed as a catch-up
         if self.beams.lagging:  # the aux waits for a whole character
             plan = Plan(0, plan.width)
-        return Offer(self, plan)
+        return Offer(self, plan, after=after)
 
     def draft(self, offer: Offer, tokens: Sequence[int], step: int) -> Draft:
-        plan = offer.plan
-        made = self.ahead.take(plan, self.keep_going) if self.ahead is not None else None
+        plan, after = offer.plan, offer.after
+        made = None
+        if self.ahead is not None and after:  # a draft made ahead continued the text alone, not a span
+            self.ahead.drop()
+        elif self.ahead is not None:
+            made = self.ahead.take(plan, self.keep_going)
         if made is not None:
             draft, offer.hidden = made
         else:
             rng = self.run.rng(step)
-            draft = self.beams.propose(tokens, plan.gamma, plan.width, self.run.q_rows, self.keep_going, rng)
+            draft = self.beams.propose(tokens, plan.gamma, plan.width, self.run.q_rows, self.keep_going, rng, after)
         if plan.alone:  # a tree method verifies the best beam alone where its tree does not pay
             draft = draft.best_only()
         return draft

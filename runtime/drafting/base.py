@@ -51,6 +51,29 @@ class Draft:
         logq_x = np.zeros(len(tokens))
         return cls(tokens, logq_x, None, tokens[None], logq_x[None], deterministic=True)
 
+    def then(self, more: Draft) -> Draft:
+        """This deterministic span followed by ``more`` (a draft made after it), verified as one:
+        q is one-hot on the span (log q 0, a one-hot q row where ``more`` carries q rows), and
+        every beam of ``more`` starts with the span."""
+        span, n = np.asarray(self.tokens, dtype=np.int64), len(self.tokens)
+
+        def prefixed(rows: Optional[np.ndarray], pad: float | int) -> Optional[np.ndarray]:
+            if rows is None:
+                return None
+            lead = np.broadcast_to(span if isinstance(pad, int) else np.full(n, pad), (len(rows), n))
+            return np.concatenate([lead, rows], axis=1)
+
+        return Draft(
+            np.concatenate([span, more.tokens]),
+            np.concatenate([np.zeros(n), more.logq_x]),
+            None if more.q is None else _one_hot_rows(span, more.q).stacked(more.q),
+            prefixed(more.beams, 0),
+            prefixed(more.beams_logq, 0.0),
+            more.best,
+            more.calls,
+            prefixed(more.dead, 0),
+        )
+
     def paths(self, full: bool) -> np.ndarray:
         """The beams MMTAD verifies: the final ones, or with ``full`` also those that died earlier
         (the authors' TreeMTADStrategy_v2 verifies every beam alive at every depth)."""
@@ -68,6 +91,22 @@ class Draft:
     def cum_logq(self) -> np.ndarray:
         """Cumulative log q along the best beam, per depth (the draft's own confidence)."""
         return np.cumsum(self.logq_x)
+
+
+def _one_hot_rows(span: np.ndarray, like: KeptRows) -> KeptRows:
+    """q rows one-hot on each token of a span, laid out as ``like`` (whole rows, or as many kept
+    ids a row: the span's token and others at -inf)."""
+    n = len(span)
+    if like.ids is None:
+        rows = np.full((n, like.n_vocab), -np.inf)
+        rows[np.arange(n), span] = 0.0
+        return KeptRows(None, rows, like.n_vocab)
+    k = like.ids.shape[-1]
+    others = [int(t) for t in like.ids[0]]
+    ids = np.array([[t, *[o for o in others if o != t][: k - 1]] for t in span.tolist()], dtype=np.int64)
+    logp = np.full(ids.shape, -np.inf)
+    logp[:, 0] = 0.0
+    return KeptRows(ids, logp, like.n_vocab)
 
 
 class Verifier(Protocol):
@@ -202,6 +241,8 @@ class Offer:
     plan: Plan
     found: Optional[np.ndarray] = None
     hidden: float = 0.0  # seconds of this draft made behind the last verify (drafting ahead), set by draft()
+    after: tuple[int, ...] = ()  # a span it continues (drafted by another drafter, verified with it)
+    then: Optional[Offer] = None  # a certain span's offer: the offer that continues it in the same verify
 
     @property
     def drafts(self) -> bool:
@@ -222,6 +263,8 @@ class Drafter:
 
     name: ClassVar[str]
     free: ClassVar[bool] = False
+    certain: ClassVar[bool] = False  # its drafts are kept unless the target disagrees (a grammar's forced span)
+    continues: bool = False  # it can draft after a certain span in the same step (``offer(after=...)``)
     adaptive: bool = False
     width: int = 1
 
@@ -232,8 +275,9 @@ class Drafter:
     def start(self, tokens: list[int]) -> None:
         """A run begins on committed ``tokens`` (the prompt; the target is prefilled)."""
 
-    def offer(self, tokens: Sequence[int], cap: int, step: int) -> Offer:
-        """Its plan for the next step, drafting at most ``cap`` tokens."""
+    def offer(self, tokens: Sequence[int], cap: int, step: int, after: tuple[int, ...] = ()) -> Offer:
+        """Its plan for the next step, drafting at most ``cap`` tokens (after the span ``after``,
+        for a drafter that ``continues`` one)."""
         raise NotImplementedError
 
     def draft(self, offer: Offer, tokens: Sequence[int], step: int) -> Draft:

@@ -163,14 +163,19 @@ class BeamDrafter:
         rows: bool = False,
         keep_going: Optional[KeepGoing] = None,
         rng: Optional[np.random.Generator] = None,
+        after: Sequence[int] = (),
     ) -> Draft:
         """Draft up to ``gamma`` tokens after ``tokens`` with ``width`` beams; ``rows`` keeps the
         filtered log q rows along the best beam (``Draft.q``); ``keep_going`` may stop the draft
         early (at least one token is always drafted); ``rng``: the draws' generator (default the
-        drafter's own)."""
+        drafter's own). ``after``: tokens the draft continues that are not committed yet (a span
+        drafted by another drafter, verified in the same call): the first aux call feeds them
+        with the pending tokens, and ``commit`` counts kept tokens from the first of them."""
         if self.cross is not None:
+            assert not after, "a span to continue needs the target's vocabulary"
             self.cross.catch_up(self.ctx, tokens)
-        drafting = self._drafting(self.ctx, gamma, width, rows, keep_going, rng)
+        ctx = [*self.ctx, *(int(t) for t in after)] if len(after) else self.ctx
+        drafting = self._drafting(ctx, gamma, width, rows, keep_going, rng)
         while True:  # in line: no pause between depths
             try:
                 next(drafting)
@@ -300,11 +305,13 @@ class BeamDrafter:
         """The target kept x_1..x_k of the last draft's ``beam`` (default: the best; indices past
         the final beams are the dead ends of ``Draft.paths(full=True)``). Sequence 0 adopts the
         cached part of them from a final beam's sequence (a dead end's cache is gone: the next
-        draft feeds them); all beams are dropped. The target's bonus reaches the aux next draft."""
+        draft feeds them); all beams are dropped. The target's bonus reaches the aux next draft.
+        A negative k: the draft continued a span (``propose(after=...)``) the target kept only
+        the first len(after) + k tokens of."""
         b = self._best if beam is None else beam
         base, finals = self._base, len(self._seqs)
-        self.model.rollback(0, base)
-        m = min(k, self._cached) if b < finals else 0  # a beam's cache holds x_1..x_{n-1}
+        self.model.rollback(0, base + min(k, 0))
+        m = min(k, self._cached) if b < finals and k > 0 else 0  # a beam's cache holds x_1..x_{n-1}
         if m:
             self.model.copy_seq(self._seqs[b], 0, base, base + m)
         self._drop_beams(beam_slots(self._width))

@@ -206,7 +206,7 @@ class LookupDrafter(Drafter):
         key = f"{self.run.key} lookup m{match}"
         return Controller(self.run.model, key, range(0, cfg.max_gamma + 1), [1], tree=self.run.method.tree, free=True)
 
-    def offer(self, tokens: Sequence[int], cap: int, step: int) -> Offer:
+    def offer(self, tokens: Sequence[int], cap: int, step: int, after: tuple[int, ...] = ()) -> Offer:
         found = self.index.lookup(tokens, cap)
         self.ctrl = self.ctrls[match_class(found.matched) if found is not None else 0]
         plan = self.ctrl.plan(len(found.tokens) if found is not None else 0)

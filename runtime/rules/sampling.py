@@ -123,6 +123,11 @@ class KeptRows:
             return cls(None, filtered_logprobs(logits, cfg), logits.shape[-1])
         return cls(kept[0], kept[1], logits.shape[-1])
 
+    def stacked(self, below: KeptRows) -> KeptRows:
+        """These rows, then ``below``'s (laid out alike: both whole rows, or as many ids a row)."""
+        ids = None if self.ids is None or below.ids is None else np.concatenate([self.ids, below.ids])
+        return KeptRows(ids, np.concatenate([self.logp, below.logp]), self.n_vocab)
+
     def dense(self) -> np.ndarray:
         """The rows over the whole vocabulary, as ``filtered_logprobs`` gives them."""
         if self.ids is None:
