@@ -35,7 +35,14 @@ from mtad_edge.runtime.backend import Segments
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
-from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, OptionError, json_int, quoted
+from mtad_edge.runtime.errors import (
+    ContextOverflowError,
+    MtadEdgeError,
+    NonFiniteLogits,
+    OptionError,
+    json_int,
+    quoted,
+)
 from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
 from mtad_edge.runtime.special import TooLong
 from mtad_edge.textstream import StopText, TextStream
@@ -125,7 +132,7 @@ class Response:
                 return
             models = eng._require_open()
             text, stop = TextStream(models.target), StopText(self._stop)
-            blocks = iter(gen)
+            blocks = _named(iter(gen), models)
             try:
                 for block in blocks:
                     self.tokens += block
@@ -145,7 +152,10 @@ class Response:
                 if self.finish_reason is None:
                     self.finish_reason = "cancelled"
                 elif self._top is not None and self.finish_reason != "cancelled":
-                    self.logprobs = score(models.target, self.prompt_ids, self.tokens, self._top)
+                    try:
+                        self.logprobs = score(models.target, self.prompt_ids, self.tokens, self._top)
+                    except NonFiniteLogits:
+                        raise NonFiniteLogits(_nonfinite(models)) from None
 
 
 _LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))
@@ -356,7 +366,11 @@ class Engine:
     def score(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """log p_target(token | prefix) of each of ``tokens`` after ``prompt_ids`` (raw logits)."""
         with self._hold():
-            return token_logprobs(self._require_open().target, list(prompt_ids), list(tokens))
+            models = self._require_open()
+            try:
+                return token_logprobs(models.target, list(prompt_ids), list(tokens))
+            except NonFiniteLogits:
+                raise NonFiniteLogits(_nonfinite(models)) from None
 
     def tokenize(self, text: str) -> list[int]:
         return self._require_open().target.tokenize(text)
@@ -463,6 +477,30 @@ class Engine:
             raise OptionError(f"this engine was opened for {opened}: method {cfg.method} was not among them", "method")
         if cfg.drafts_with_aux and models.aux is None:
             raise OptionError(_no_aux(cfg.method), "drafter" if cfg.drafter != AUTO else "method")
+
+
+def _named(blocks: Iterator[list[int]], models: LoadedPair) -> Generator[list[int], None, None]:
+    """A run's blocks; where a model's logits were not finite (runtime/sampling.py), the error
+    names the model and where its logits were computed."""
+    try:
+        yield from blocks
+    except NonFiniteLogits:
+        raise NonFiniteLogits(_nonfinite(models)) from None
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def _nonfinite(models: LoadedPair) -> str:
+    """Which model gave the non-finite logits, where its backend can tell (its last call's)."""
+    for role, model in (("target", models.target), ("aux", models.aux)):
+        finite = getattr(model, "last_logits_finite", None)
+        if model is not None and finite is not None and not finite():
+            name = os.path.basename(str(getattr(model, "path", ""))) or role
+            origin = model.logits_origin() if hasattr(model, "logits_origin") else "its backend"
+            return f"the {role} model {name} gave non-finite logits (NaN or inf), computed by {origin}; the run stopped"
+    return "a model gave non-finite logits (NaN or inf); the run stopped"
 
 
 def _no_aux(method: str) -> str:

@@ -302,6 +302,7 @@ class LlamaCppBackend:
         self.n_params = int(llama_cpp.llama_model_n_params(self._model))  # the model's size, for reports
         self._batch = _BatchBuffer(llama_cpp, self.n_batch, self.n_seq_max)
         self._views: dict[tuple[int, int], np.ndarray] = {}  # logits views by (address, rows)
+        self._last: Optional[np.ndarray] = None  # the last logits returned (last_logits_finite)
         self._history: dict[int, list[int]] = {}  # seq -> tokens by position, for the re-prefill fallback
         self.rollback_fallbacks = 0
         try:
@@ -491,6 +492,7 @@ class LlamaCppBackend:
             view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
             view.flags.writeable = False  # llama.cpp's buffer: valid until the next decode
             self._views[key] = view
+        self._last = view
         return view
 
     def _decode_rows(self, batch: Batch, n_out: int) -> np.ndarray:
@@ -505,7 +507,19 @@ class LlamaCppBackend:
             if batch.logits[i]:
                 out[j] = logits[0]
                 j += 1
+        self._last = out
         return out
+
+    def last_logits_finite(self) -> bool:
+        """Whether the logits of the last call held no NaN or inf (asked where a run met some, to
+        name the model that gave them)."""
+        return self._last is None or bool(np.isfinite(self._last).all())
+
+    def logits_origin(self) -> str:
+        """Where this model's logits are computed, for an error about them."""
+        if self._rpc is not None:
+            return f"the rpc servers {', '.join(self._rpc.servers)}"
+        return "llama.cpp on this machine (a damaged model file, or a broken kernel of this build)"
 
     def held(self, seq: int) -> list[int]:
         return self._history.get(seq, [])

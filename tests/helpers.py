@@ -174,6 +174,15 @@ class Served:
         conn.close()
         return resp.status, json.loads(raw) if raw else {}
 
+    def stream(self, body, path: str = "/v1/completions") -> list:
+        """A streamed request's events: each data line's JSON, "[DONE]" as it is."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        raw = conn.getresponse().read().decode()
+        conn.close()
+        data = [line[len("data: ") :] for line in raw.splitlines() if line.startswith("data: ")]
+        return [d if d == "[DONE]" else json.loads(d) for d in data]
+
     def get(self, path: str) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         conn.request("GET", path)

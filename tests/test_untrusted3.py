@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 
+import numpy as np
 import pytest
 
-from helpers import EXE
+from helpers import EXE, FakeLM
 
 # What a folder a user runs mtad-edge from may hold: the source checkout's own mtad_edge/ (without
 # runtime/, which installs from the top-level folder), and a llama_cpp.py that must never run.
@@ -83,3 +84,87 @@ def test_an_aborting_gguf_is_one_line_when_run_from_a_folder_with_a_checkout_and
     [line] = r.stderr.strip().splitlines()
     assert line.startswith(f"Error: llama.cpp aborted while loading {model}: llama-model.cpp:"), line
     assert not list(folder.glob("MARKER-*"))
+
+
+# -- 3. non-finite logits anywhere end the run in one line naming where they came from ---------------
+class BrokenLM(FakeLM):
+    """A FakeLM whose logits hold ``bad`` (NaN, inf) at token ``at`` (None: every token) once its
+    context is longer than ``after``; it says where its logits come from, as LlamaCppBackend does."""
+
+    def __init__(self, *args, bad=float("nan"), at=None, after=6, path="broken.gguf", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bad, self.at, self.after, self.path, self.last = bad, at, after, path, None
+
+    def logits_for(self, context):
+        row = super().logits_for(context)
+        if len(context) > self.after:
+            row[slice(None) if self.at is None else self.at] = self.bad
+        return row
+
+    def decode(self, batch):
+        self.last = super().decode(batch)
+        return self.last
+
+    def last_logits_finite(self):
+        return self.last is None or bool(np.isfinite(self.last).all())
+
+    def logits_origin(self):
+        return "the test's arithmetic"
+
+
+NAMED = "the {} model {} gave non-finite logits (NaN or inf), computed by the test's arithmetic; the run stopped"
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "mtad", "mmtad", "beam"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("vocab,at,bad", [(1000, 617, float("nan")), (1000, 3, float("inf")), (5, None, float("nan"))])
+def test_non_finite_target_logits_end_every_method_in_one_line_naming_the_model(method, temperature, vocab, at, bad):
+    """Row 7: NaN logits were numpy's `ValueError: a must be a positive integer` (a traceback), or at
+    temperature 0 a silent token (argmax picks a NaN). One NaN among 1000 tokens (top-k reads the
+    row by groups) is found as surely as a row of them."""
+    from helpers import fake_engine
+    from mtad_edge.runtime.errors import NonFiniteLogits
+
+    target = BrokenLM(vocab=vocab, salt=1, n_seq_max=9, at=at, bad=bad)
+    engine = fake_engine(target, FakeLM(vocab=vocab, salt=2, n_seq_max=9))
+    with pytest.raises(NonFiniteLogits) as e:
+        engine.generate("abcd", method=method, temperature=temperature, gamma=3, max_tokens=12, seed=1).text()
+    assert str(e.value) == NAMED.format("target", "broken.gguf")
+    assert engine.generate("ab", method="ar", max_tokens=2, seed=1).text()  # the engine is still usable
+
+
+def test_non_finite_aux_logits_name_the_aux():
+    from helpers import fake_engine
+    from mtad_edge.runtime.errors import NonFiniteLogits
+
+    aux = BrokenLM(vocab=1000, salt=2, n_seq_max=9, at=5, path="aux.gguf")
+    engine = fake_engine(FakeLM(vocab=1000, salt=1, n_seq_max=5), aux)
+    with pytest.raises(NonFiniteLogits, match=NAMED.format("aux", "aux.gguf").replace("(", "\\(").replace(")", "\\)")):
+        engine.generate("abcd", method="mtad", gamma=3, max_tokens=12, seed=1).text()
+
+
+def test_non_finite_logits_in_logprobs_and_score_are_named_too():
+    from helpers import fake_engine
+    from mtad_edge.runtime.errors import NonFiniteLogits
+
+    engine = fake_engine(BrokenLM(vocab=1000, salt=1, n_seq_max=5, at=9, after=3))
+    with pytest.raises(NonFiniteLogits, match="the target model broken.gguf"):
+        engine.score([1, 2], [3, 4, 5])
+    with pytest.raises(NonFiniteLogits, match="the target model broken.gguf"):
+        engine.generate("abcd", method="ar", temperature=0, max_tokens=1, logprobs=2, seed=1).text()
+
+
+def test_the_server_answers_non_finite_logits_with_a_5xx_naming_them():
+    """Row 7 in the server: its handler caught only our own errors, so numpy's ValueError was a 500
+    with no message (or a broken stream)."""
+    from helpers import Served, fake_engine
+
+    engine = fake_engine(BrokenLM(vocab=1000, salt=1, n_seq_max=5, at=1, after=2), aux=None, method="ar")
+    served = Served(engine)
+    try:
+        status, body = served.post({"prompt": "abcd", "max_tokens": 8, "temperature": 0})
+        assert status == 500 and body["error"]["message"] == NAMED.format("target", "broken.gguf"), body
+        events = served.stream({"prompt": "abcd", "max_tokens": 8, "stream": True})
+        assert events[-2]["error"]["message"] == NAMED.format("target", "broken.gguf") and events[-1] == "[DONE]"
+    finally:
+        served.close()

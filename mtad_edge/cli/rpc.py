@@ -69,7 +69,7 @@ def listen_address(host: str, port: int) -> str:
     if not host.strip():
         raise RpcError("--host is empty: give the address to listen on (127.0.0.1: this machine alone)")
     try:
-        version = ipaddress.ip_address(host).version
+        version: int = ipaddress.ip_address(host).version
     except ValueError:
         version = 0
     if version == 6:

@@ -17,6 +17,7 @@ from mtad_edge.cli.options import (
     missing_extra,
     model_options,
 )
+from mtad_edge.runtime import rpc
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server.limits import (
     BODY_TIMEOUT_S,
@@ -158,8 +159,10 @@ def serve(
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
                 """SIGINT/SIGTERM: cancel every generation first (each ends at its next step),
-                so uvicorn's graceful shutdown has only short requests left to wait for."""
+                so uvicorn's graceful shutdown has only short requests left to wait for; a call
+                an rpc server does not answer is cut short after its grace (runtime/rpc.py)."""
                 runs.stop_all()
+                rpc.interrupt_all(sig)
                 super().handle_exit(sig, frame)
 
             async def startup(self, sockets: Any = None) -> None:

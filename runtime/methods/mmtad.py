@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from ..drafter import Draft, beam_cells, beam_slots
-from ..sampling import Columns, KeptRows, sample
+from ..sampling import Columns, KeptRows, argmax, sample
 from ..tree import TokenTree, TreeVerifier, greedy_tree_accept, mmtad_accept
 from ..verify import greedy_accept_length, mtad_accept_length
 from .base import Call, Layout, Method, StepResult, StepView, plain_step, repeat_bars
@@ -41,7 +41,7 @@ class MMTAD(Method):
         logits = verifier.logits(run.tokens, tree)  # row 0: the root
         greedy = run.sampling.greedy  # p one-hot: each row's argmax is all a rule needs
         if greedy:
-            p = np.argmax(logits, axis=-1)
+            p = argmax(logits)
         else:
             cols = Columns.shared(paths, KeptRows.of(logits, run.sampling))
             (p,) = cols.rows
