@@ -64,9 +64,7 @@ def test_the_guard_child_runs_none_of_the_current_folders_code(smol_files, tmp_p
 
 
 @pytest.mark.slow  # writes a SmolLM2 GGUF (92 MB)
-def test_an_aborting_gguf_is_one_line_when_run_from_a_folder_with_a_checkout_and_planted_modules(
-    smol_files, tmp_path
-):
+def test_an_aborting_gguf_is_one_line_when_run_from_a_folder_with_a_checkout_and_planted_modules(smol_files, tmp_path):
     """Row 1: `mtad-edge generate` run from the source checkout's root aborted (exit 134): the
     child imported the checkout's mtad_edge/, failed cleanly, and the file loaded unguarded."""
     from helpers import rewrite_gguf
