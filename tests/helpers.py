@@ -149,7 +149,7 @@ class Served:
     """The real app over an engine, served by uvicorn on a free loopback port in this process
     (``close()`` when done); its logs reach pytest's caplog."""
 
-    def __init__(self, engine, queue_size: int = 2):
+    def __init__(self, engine, queue_size: int = 2, **options):
         import uvicorn
 
         from mtad_edge.server.app import create_app
@@ -157,7 +157,7 @@ class Served:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.app = create_app(engine, "fake", queue_size=queue_size)
+        self.app = create_app(engine, "fake", queue_size=queue_size, **options)
         self.runs = self.app.state.runs
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None)
         self.server = uvicorn.Server(config)
@@ -173,6 +173,27 @@ class Served:
         raw = resp.read()
         conn.close()
         return resp.status, json.loads(raw) if raw else {}
+
+    def request(self, method: str, path: str, body=None, headers=None) -> tuple[int, dict, dict]:
+        """Any request, with exactly the given headers (http.client adds Host, which ``headers``
+        may replace): (status, lower-cased response headers, its JSON body, or {"text": ...})."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        hdrs = dict(headers or {})
+        conn.putrequest(method, path, skip_host="Host" in hdrs, skip_accept_encoding=True)
+        for key, value in hdrs.items():
+            conn.putheader(key, value)
+        if data is not None:
+            conn.putheader("Content-Length", str(len(data)))
+        conn.endheaders(data)
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"text": raw.decode(errors="replace")}
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
 
     def stream(self, body, path: str = "/v1/completions") -> list:
         """A streamed request's events: each data line's JSON, "[DONE]" as it is."""
@@ -195,7 +216,7 @@ class Served:
         """Send a request on a raw socket; closing the socket is the client going away."""
         sock = socket.create_connection(("127.0.0.1", self.port))
         data = json.dumps(body).encode()
-        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         sock.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
         return sock
 

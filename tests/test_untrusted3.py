@@ -4,6 +4,7 @@ the small ones. (An RPC peer as untrusted input: test_rpc_peer.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -166,3 +167,86 @@ def test_the_server_answers_non_finite_logits_with_a_5xx_naming_them():
         assert events[-2]["error"]["message"] == NAMED.format("target", "broken.gguf") and events[-1] == "[DONE]"
     finally:
         served.close()
+
+
+# -- 4. browsers cannot drive the server from another site (DNS rebinding, CSRF) --------------------
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture
+def served():
+    from helpers import Served, fake_engine
+
+    s = Served(fake_engine(), allow_hosts=["my-box.lan"], cors_origins=["http://app.example:3000"])
+    yield s
+    s.close()
+
+
+def test_a_host_that_is_not_the_servers_own_is_refused(served):
+    """Row 13: `Host: attacker.example` was served: a page whose name was made to resolve to
+    127.0.0.1 (DNS rebinding) could read every reply."""
+    p = served.port
+    for host in ("attacker.example", f"attacker.example:{p}", "localhost.attacker.example", "127.0.0.1.nip.io"):
+        status, _, body = served.request("GET", "/v1/models", headers={"Host": host})
+        assert status == 403 and "DNS rebinding" in body["error"]["message"], (host, body)
+        assert f"--allow-host {host.split(':')[0]}" in body["error"]["message"]
+    status, _, _ = served.request("POST", "/v1/chat/completions", CHAT, {"Host": "attacker.example", **JSON})
+    assert status == 403
+    for host in (f"127.0.0.1:{p}", f"localhost:{p}", f"[::1]:{p}", "LOCALHOST", f"app.localhost:{p}", "my-box.lan:80"):
+        assert served.request("GET", "/v1/models", headers={"Host": host})[0] == 200, host
+        assert served.request("POST", "/v1/chat/completions", CHAT, {"Host": host, **JSON})[0] == 200, host
+    assert served.request("GET", "/v1/models", headers={"Host": "10.1.2.3:9000"})[0] == 200  # an address: no rebinding
+
+
+def test_a_cross_origin_request_is_refused_unless_its_origin_is_allowed(served):
+    """Row 13: a page of evil.example made the browser POST a generation (200)."""
+    p = served.port
+    evil = {"Origin": "http://evil.example", **JSON}
+    status, headers, body = served.request("POST", "/v1/chat/completions", CHAT, evil)
+    assert status == 403 and "cross-origin request from 'http://evil.example'" in body["error"]["message"]
+    assert "access-control-allow-origin" not in headers
+    assert served.request("GET", "/v1/models", headers={"Origin": "null"})[0] == 403
+    own = {"Origin": f"http://127.0.0.1:{p}", **JSON}  # the server's own pages (its chat page at /)
+    assert served.request("POST", "/v1/chat/completions", CHAT, own)[0] == 200
+    proxied = {"Host": "my-box.lan", "Origin": "https://my-box.lan", **JSON}  # behind a TLS proxy
+    assert served.request("POST", "/v1/chat/completions", CHAT, proxied)[0] == 200
+    app = {"Origin": "http://app.example:3000", **JSON}
+    status, headers, _ = served.request("POST", "/v1/chat/completions", CHAT, app)
+    assert status == 200 and headers["access-control-allow-origin"] == "http://app.example:3000"
+    preflight = {
+        "Origin": "http://app.example:3000",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    status, headers, _ = served.request("OPTIONS", "/v1/chat/completions", headers=preflight)
+    assert status == 200 and headers["access-control-allow-origin"] == "http://app.example:3000"
+    assert "POST" in headers["access-control-allow-methods"]
+    assert (
+        served.request("OPTIONS", "/v1/chat/completions", headers={**preflight, "Origin": "http://evil.example"})[0]
+        == 403
+    )
+
+
+@pytest.mark.parametrize("kind", ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", None])
+def test_a_json_endpoint_refuses_the_content_types_a_page_sends_without_a_preflight(served, kind):
+    """Row 13: `Content-Type: text/plain` needs no CORS preflight, so any page could send it."""
+    headers = {} if kind is None else {"Content-Type": kind}
+    status, _, body = served.request("POST", "/v1/chat/completions", json.dumps(CHAT).encode(), headers)
+    assert status == 415 and "Content-Type must be application/json" in body["error"]["message"]
+    charset = {"Content-Type": "application/json; charset=utf-8"}
+    assert served.request("POST", "/v1/chat/completions", CHAT, charset)[0] == 200
+
+
+def test_bad_allow_host_and_cors_origin_values_are_one_line_at_start():
+    from click.testing import CliRunner
+
+    from mtad_edge.cli import cli
+
+    for args, needle in [
+        (["--allow-host", "http://x"], "--allow-host 'http://x' is not a host name"),
+        (["--cors-origin", "app.example"], "--cors-origin 'app.example' is not an origin"),
+        (["--cors-origin", "http://app.example/path"], "is not an origin"),
+    ]:
+        res = CliRunner().invoke(cli, ["serve", "--target", "/nonexistent.gguf", *args])
+        assert res.exit_code == 1 and needle in res.output and "Traceback" not in res.output, res.output

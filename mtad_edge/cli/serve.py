@@ -98,6 +98,23 @@ def check_api_key(key: Optional[str]) -> None:
     help="Open connections at most; a new one closes the one that has waited longest for its request "
     "to arrive (503), or is answered 503 when every other one has a request in progress.",
 )
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests whose Host is NAME (repeatable; * for any): the name a reverse proxy or the "
+    "network uses for this machine. IP addresses, localhost and --host are answered anyway; any other Host is "
+    "refused (403), so a web page cannot reach the server through DNS rebinding.",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let web pages of ORIGIN (SCHEME://HOST[:PORT]; repeatable; * for any) call the API from a browser "
+    "(CORS). Without it a request from another site's page is refused (403).",
+)
 @click.option("--model-name", help="The model id clients see (default: the pair's name).")
 @errors_as_click
 def serve(
@@ -111,6 +128,8 @@ def serve(
     body_timeout: float,
     idle_timeout: int,
     max_connections: int,
+    allow_hosts: tuple[str, ...],
+    cors_origins: tuple[str, ...],
     model_name: Optional[str],
     **decode: Any,
 ) -> None:
@@ -124,9 +143,14 @@ def serve(
 
         from mtad_edge.server import connections
         from mtad_edge.server.app import create_app
+        from mtad_edge.server.origins import check_allowed_host, check_origin
     except ImportError as e:
         raise missing_extra("the server", "serve", e) from None
 
+    for name in allow_hosts:  # one line at start, before the load
+        check_allowed_host(name)
+    for origin in cors_origins:
+        check_origin(origin)
     connections.ensure_descriptors(max_connections)
     cfg = decode_config(**decode)
     with contextlib.ExitStack() as stack:  # the engine closes first, then the socket
@@ -152,6 +176,9 @@ def serve(
             max_body=max_body,
             read_timeout=header_timeout,
             body_timeout=body_timeout,
+            listen_host=host,
+            allow_hosts=allow_hosts,
+            cors_origins=cors_origins,
         )
         runs = app.state.runs
         refusals = connections.Refusals()
