@@ -32,6 +32,7 @@ from mtad_edge.logprobs import TokenLogprob, score, token_logprobs
 from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Segments
+from mtad_edge.runtime.chat import ROLES
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
@@ -323,6 +324,11 @@ class Engine:
             raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts", "messages")
         for m in messages:
             check_text(m.get("role"), "messages", "each message's role")
+            if m["role"] not in ROLES:  # as the server refuses it: a template would render it any way it likes
+                raise OptionError(
+                    f"a message's role must be {', '.join(ROLES[:-1])} or {ROLES[-1]}, got {quoted(m['role'])}",
+                    "messages",
+                )
             check_text(m.get("content"), "messages", "each message's content")
 
     def _start(
@@ -367,12 +373,22 @@ class Engine:
         """log p_target(token | prefix) of each of ``tokens`` after ``prompt_ids`` (raw logits)."""
         with self._hold():
             models = self._require_open()
+            n_vocab = models.target.n_vocab
+            _check_ids(prompt_ids, "prompt_ids", n_vocab, least=1)
+            _check_ids(tokens, "tokens", n_vocab)
+            if len(prompt_ids) + len(tokens) > models.target.n_positions:
+                raise OptionError(
+                    f"prompt_ids and tokens hold {len(prompt_ids) + len(tokens)} tokens; the context holds "
+                    f"{models.target.n_positions} (--ctx-size)",
+                    "tokens",
+                )
             try:
                 return token_logprobs(models.target, list(prompt_ids), list(tokens))
             except NonFiniteLogits:
                 raise NonFiniteLogits(_nonfinite(models)) from None
 
     def tokenize(self, text: str) -> list[int]:
+        check_text(text, "text")
         return self._require_open().target.tokenize(text)
 
     @property
@@ -477,6 +493,22 @@ class Engine:
             raise OptionError(f"this engine was opened for {opened}: method {cfg.method} was not among them", "method")
         if cfg.drafts_with_aux and models.aux is None:
             raise OptionError(_no_aux(cfg.method), "drafter" if cfg.drafter != AUTO else "method")
+
+
+def _check_ids(ids: Any, param: str, n_vocab: int, least: int = 0) -> None:
+    """Token ids handed over by a caller: a list of integers of the vocabulary (0..n_vocab-1), at
+    least ``least`` of them; an OptionError naming ``param`` (an id past the vocabulary was an
+    IndexError, a negative one llama.cpp's "decode failed", a float was scored as its integer)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise OptionError(f"{param} must be a list of token ids, got {quoted(ids)}", param)
+    bad = next((t for t in ids if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)
+    if bad is not None:
+        raise OptionError(f"{param} must hold integer token ids, got {quoted(bad)}", param)
+    out = next((int(t) for t in ids if not 0 <= t < n_vocab), None)
+    if out is not None:
+        raise OptionError(f"{param}: token id {out} is not in the vocabulary (0..{n_vocab - 1})", param)
+    if len(ids) < least:
+        raise OptionError(f"{param} must hold at least {least} token id{'s' if least > 1 else ''}", param)
 
 
 def _named(blocks: Iterator[list[int]], models: LoadedPair) -> Generator[list[int], None, None]:

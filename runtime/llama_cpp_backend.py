@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .amx import VerdictStore, amx_works
-from .backend import Batch, Segments, VocabInfo, check_trained_context
+from .backend import Batch, Segments, VocabInfo, check_model_file, check_trained_context
 from .errors import ModelLoadError, MtadEdgeError
 from .gguf_header import read_block_count, read_header
 from .guard import ModelFacts, check_loads
@@ -129,10 +129,12 @@ def uses_amx() -> bool:
 
 
 def _check_gguf_file(path: Path) -> None:
-    if not path.is_file():
-        raise ModelLoadError(f"model file not found: {path}")
-    with path.open("rb") as f:
-        magic = f.read(4)
+    check_model_file(path)
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"{path} cannot be read as a model file: {e.strerror or e}") from None
     if magic != b"GGUF":
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -250,3 +251,177 @@ def test_bad_allow_host_and_cors_origin_values_are_one_line_at_start():
     ]:
         res = CliRunner().invoke(cli, ["serve", "--target", "/nonexistent.gguf", *args])
         assert res.exit_code == 1 and needle in res.output and "Traceback" not in res.output, res.output
+
+
+# -- 5. the small ones -----------------------------------------------------------------------------
+@pytest.fixture
+def odd_paths(tmp_path):
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop.gguf"
+    loop.symlink_to(loop)
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    return {
+        str(fifo): "is a named pipe (FIFO), not a model file",
+        "/dev/zero": "is a character device, not a model file",
+        "/dev/null": "is a character device, not a model file",
+        str(loop): "cannot be read as a model file: a symbolic link that loops",
+        "/proc/self/mem": "is empty (0 bytes), not a model file",
+        str(tmp_path / "empty.gguf"): "is empty (0 bytes), not a model file",
+        str(tmp_path / "missing.gguf"): None,
+    }
+
+
+def test_a_model_path_that_is_not_a_regular_file_is_named_for_what_it_is(odd_paths):
+    """Row 15: they were "model file not found" (they exist), and /proc/self/mem an Errno 5 without
+    its path; a FIFO blocked the load."""
+    from mtad_edge import Engine
+    from mtad_edge.runtime.errors import ModelLoadError
+
+    for path, what in odd_paths.items():
+        with pytest.raises(ModelLoadError) as e:
+            Engine.load(target=path, method="ar")
+        expected = f"model file not found: {path}" if what is None else f"{path} {what}"
+        assert str(e.value) == expected
+
+
+def test_score_and_tokenize_check_what_they_are_handed():
+    """Row 16: score([1], [999999]) was an IndexError, score([-5], [1]) llama.cpp's "decode
+    failed", score([1.5], [1]) scored token 1 silently, tokenize(None) returned []."""
+    from helpers import fake_engine
+    from mtad_edge.runtime.errors import OptionError
+
+    engine = fake_engine()  # a vocabulary of 5
+    for prompt, tokens, param, needle in [
+        ([1], [999999], "tokens", "token id 999999 is not in the vocabulary (0..4)"),
+        ([-5], [1], "prompt_ids", "token id -5 is not in the vocabulary"),
+        ([1.5], [1], "prompt_ids", "must hold integer token ids, got 1.5"),
+        ([True], [1], "prompt_ids", "must hold integer token ids"),
+        ([], [1], "prompt_ids", "at least 1 token id"),
+        ("ab", [1], "prompt_ids", "must be a list of token ids"),
+        ([1], None, "tokens", "must be a list of token ids"),
+    ]:
+        with pytest.raises(OptionError, match=re.escape(needle)) as e:
+            engine.score(prompt, tokens)
+        assert e.value.param == param
+    assert engine.score([1, 2], [3, np.int64(4)]).shape == (2,)
+    with pytest.raises(OptionError, match="text must be a string, got NoneType"):
+        engine.tokenize(None)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["bench", "--relay-delay", "nan", "--rpc", "127.0.0.1:9"], "'nan' is not a finite number"),
+        (["bench", "--relay-delay", "1e9", "--rpc", "127.0.0.1:9"], "is not in the range 0<=x<=10000"),
+        (["serve", "--header-timeout", "nan"], "'nan' is not a finite number"),
+        (["serve", "--body-timeout", "inf"], "is not in the range"),
+        (["tune", "--bound", "nan"], "'nan' is not a finite number"),
+        (["generate", "--temperature", "nan", "hi"], "temperature must be a number in [0, 2], got nan"),
+    ],
+)
+def test_nan_and_infinite_options_are_refused_everywhere(args, needle):
+    """Row 17: `bench --relay-delay nan` was taken (results.json got a non-JSON NaN), 1e9 blamed
+    the relay's port. click's FloatRange takes 'nan', which compares false with every bound."""
+    from click.testing import CliRunner
+
+    from mtad_edge.cli import cli
+
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code != 0 and needle in res.output and "Traceback" not in res.output, res.output
+
+
+def test_a_lone_surrogate_in_stop_is_refused_as_in_content():
+    """Row 18: a stop string of a lone surrogate was a 200 where content's is a 400."""
+    from helpers import Served, fake_engine
+    from mtad_edge.runtime.errors import OptionError
+
+    engine = fake_engine(method="ar")
+    with pytest.raises(OptionError, match="stop: '\\\\ud800' is not valid UTF-8 text") as e:
+        engine.generate("ab", stop=["\ud800"])
+    assert e.value.param == "stop"
+    served = Served(engine)
+    try:
+        status, body = served.post(b'{"prompt": "ab", "max_tokens": 2, "stop": ["\\ud800"]}')
+        assert status == 400 and body["error"]["param"] == "stop", body
+        status, body = served.post({"prompt": "ab", "max_tokens": 2, "max_completion_tokens": 3})
+        assert status == 400 and body["error"]["param"] == "max_completion_tokens", body
+        assert "not both" in body["error"]["message"]
+        assert served.post({"prompt": "ab", "max_completion_tokens": 2})[0] == 200
+    finally:
+        served.close()
+
+
+def test_the_apis_chat_takes_the_roles_the_server_takes():
+    """Row 18: Engine.chat took roles 'tool' and 'bogus', which the server refuses."""
+    from helpers import fake_engine
+    from mtad_edge.runtime.errors import OptionError
+
+    engine = fake_engine(method="ar")
+    for role in ("tool", "bogus", "User"):
+        with pytest.raises(OptionError, match=f"role must be system, user or assistant, got '{role}'"):
+            engine.chat([{"role": role, "content": "hi"}], max_tokens=2)
+    assert engine.chat([{"role": "user", "content": "hi"}], max_tokens=2, seed=0).text() is not None
+
+
+@pytest.mark.parametrize(
+    "method,why",
+    [("ar", "ar does not draft"), ("beam", "beam does not draft"), ("mmtad", "mmtad verifies a tree of beams")],
+)
+def test_draft_ahead_with_a_method_that_cannot_is_refused_in_one_line(method, why):
+    """Row 18: `--draft-ahead on` with ar, beam or mmtad was taken and did nothing."""
+    from click.testing import CliRunner
+
+    from mtad_edge.cli import cli
+
+    res = CliRunner().invoke(cli, ["generate", "--method", method, "--draft-ahead", "on", "hi"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert (
+        res.exit_code != 0
+        and lines[-1] == f"Error: draft_ahead 'on' applies to sd and mtad drafting with the aux; {why}"
+    )
+    assert len([ln for ln in lines if ln.startswith("Error")]) == 1
+
+
+def test_a_chat_command_with_words_after_it_does_nothing_and_says_so(capsys):
+    """Row 18: `/reset extra` ran as /reset (and `/quit now` quit)."""
+    from helpers import fake_engine
+    from mtad_edge.cli.chat import ChatSession
+
+    session = ChatSession(fake_engine(method="ar"), "ar", None, False)
+    session.turns = [{"role": "user", "content": "hi"}]
+    assert session.command("/reset extra") is True and session.turns
+    assert session.command("/quit now") is True
+    assert "(/reset takes nothing after it; nothing done)" in capsys.readouterr().err
+    assert session.command("/reset") is True and session.turns == []
+    assert session.command("/quit") is False
+
+
+def test_a_file_put_in_place_of_a_loaded_one_is_loaded_in_a_child_again(tmp_path, monkeypatch):
+    """Row 14: a model file replaced after a clean load, with the same size and mtime, skipped the
+    guard (and aborted the process): the guard's record now holds the inode and ctime too."""
+    from mtad_edge.loader import StoredModelFacts
+    from mtad_edge.runtime import guard
+    from mtad_edge.runtime.child import Outcome
+
+    monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["a build"])
+    children = []
+    monkeypatch.setattr(guard, "_run_child", lambda kind, path: children.append(path) or Outcome(0, ("loaded",)))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    os.utime(model, ns=(10**18, 10**18))
+    guard.check_loads("gguf", model, StoredModelFacts())
+    guard.check_loads("gguf", model, StoredModelFacts())
+    assert len(children) == 1
+    swapped = tmp_path / "other.gguf"
+    swapped.write_bytes(b"GGUF" + b"\x01" * 60)  # the same size, and (below) the same mtime
+    os.utime(swapped, ns=(10**18, 10**18))
+    os.replace(swapped, model)
+    guard.check_loads("gguf", model, StoredModelFacts())
+    assert len(children) == 2
+    with model.open("r+b") as f:  # rewritten in place: the same inode, a new ctime
+        f.write(b"GGUF" + b"\x02" * 60)
+    os.utime(model, ns=(10**18, 10**18))
+    guard.check_loads("gguf", model, StoredModelFacts())
+    assert len(children) == 3

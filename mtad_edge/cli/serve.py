@@ -10,6 +10,7 @@ from typing import Any, Optional
 import click
 
 from mtad_edge.cli.options import (
+    FiniteRange,
     ModelChoice,
     decode_config,
     decode_options,
@@ -27,6 +28,8 @@ from mtad_edge.server.limits import (
     MAX_HEADER_BYTES,
 )
 from mtad_edge.signals import interrupts
+
+TIMEOUT_MAX_S = 86400.0  # a day: past any client's patience (and asyncio's timers take any finite value)
 
 
 def check_api_key(key: Optional[str]) -> None:
@@ -71,14 +74,14 @@ def check_api_key(key: Optional[str]) -> None:
 )
 @click.option(
     "--header-timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteRange(min=0.1, max=TIMEOUT_MAX_S),
     default=HEADER_TIMEOUT_S,
     show_default=True,
     help="Seconds a client has to send a request's headers, and at most between two pieces of its body (408).",
 )
 @click.option(
     "--body-timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteRange(min=0.1, max=TIMEOUT_MAX_S),
     default=BODY_TIMEOUT_S,
     show_default=True,
     help="Seconds a client has to send a request's whole body, once its headers are in (408).",

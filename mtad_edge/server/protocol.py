@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from mtad_edge.logprobs import TokenLogprob
+from mtad_edge.runtime.chat import ROLES
 from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS
 from mtad_edge.runtime.errors import quoted
 
@@ -117,6 +118,10 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
     logprobs = _logprobs(body, kind)
     if logprobs is not None and stream:
         raise BadRequest("logprobs are only returned without streaming: leave out 'stream' or 'logprobs'", "logprobs")
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise BadRequest(
+            "give 'max_tokens' or 'max_completion_tokens' (its newer name), not both", "max_completion_tokens"
+        )
     opts = {name: body[key] for key, name in REQUEST_FIELDS.items() if body.get(key) is not None}
     stop = body.get("stop")  # null is "not given"; 0 or false is a bad value (it was read as no stop strings)
     parsed = Parsed(opts, () if stop is None else stop, stream, logprobs, include_usage)
@@ -210,7 +215,7 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     out = []
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise BadRequest("each message needs a role of system, user or assistant", "messages")
         # The template reads role and content only: a name or tool calls would be lost without a word.
         unread = [k for k, v in m.items() if k not in ("role", "content") and not _unused(v, MESSAGE_NEUTRAL.get(k))]
