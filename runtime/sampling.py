@@ -47,11 +47,12 @@ class RankAt1:
     greedy: bool = False
 
 
-def finite(values: np.ndarray) -> None:
-    """NonFiniteLogits unless every value is finite: called on what a read of raw logits already
-    found (each row's maxima, the top-k entries, the argmax), so a plain step pays a few
-    microseconds, never a pass of its own over the vocabulary."""
-    if not np.isfinite(values).all():
+def finite(values: np.ndarray, best: Optional[np.ndarray] = None) -> None:
+    """NonFiniteLogits where ``values`` (logits that a read of raw rows found anyway: each row's
+    group maxima, its top-k entries, its argmax) hold NaN or +inf, or where ``best`` (each row's
+    best logit) is not finite: -inf is a token a model rules out, a row of nothing but -inf is
+    broken. A plain step pays a few microseconds for it, never a pass over the vocabulary."""
+    if not (values < np.inf).all() or (best is not None and not np.isfinite(best).all()):  # NaN compares false
         raise NonFiniteLogits("a model gave non-finite logits (NaN or inf)")
 
 
@@ -59,7 +60,8 @@ def argmax(logits: np.ndarray) -> np.ndarray:
     """``np.argmax`` along the last axis of raw logits, checked: NaN and +inf are argmax's pick, so
     a row that holds one (or is all -inf) is NonFiniteLogits, never a token."""
     top = np.asarray(np.argmax(logits, axis=-1))
-    finite(np.take_along_axis(logits, np.expand_dims(top, -1), axis=-1))
+    best = np.take_along_axis(logits, np.expand_dims(top, -1), axis=-1)
+    finite(best, best)
     return top
 
 
@@ -108,7 +110,8 @@ def filtered_logprobs(logits: np.ndarray, cfg: Filter) -> np.ndarray:
         np.put_along_axis(out, argmax(logits)[..., None], 0.0, axis=-1)
         return out
     if not 0 < cfg.top_k < logits.shape[-1]:
-        finite(logits.max(axis=-1))  # the whole row is read anyway
+        best = logits.max(axis=-1)  # the whole row is read anyway; NaN reaches the maximum
+        finite(best, best)
         return _nucleus(log_softmax(logits.astype(np.float64) / cfg.temperature), cfg.top_p)
     return KeptRows(*_top_k(logits, cfg), logits.shape[-1]).dense()
 
@@ -197,13 +200,14 @@ def _top_ids(logits: np.ndarray, k: int) -> np.ndarray:
     per_group = v // TOP_K_GROUPS
     if per_group < 2 or 2 * k > TOP_K_GROUPS:  # short rows, or a top-k the bound would hardly cut
         ids = _argpartition_top(logits, k)
-        finite(np.take_along_axis(logits, ids, axis=-1))  # NaN and +inf sort last: among the top
+        values = np.take_along_axis(logits, ids, axis=-1)  # NaN and +inf sort last: among the top
+        finite(values, values.max(axis=-1))
         return ids
     groups = logits[..., : per_group * TOP_K_GROUPS].reshape((*logits.shape[:-1], per_group, TOP_K_GROUPS))
-    maxima = groups.max(axis=-2)  # NaN and inf anywhere in a group reach its maximum
-    finite(maxima)
-    if v > per_group * TOP_K_GROUPS:
-        finite(logits[..., per_group * TOP_K_GROUPS :])  # the tail past the last whole group (under 384)
+    maxima = groups.max(axis=-2)  # NaN and +inf anywhere in a group reach its maximum
+    tail = logits[..., per_group * TOP_K_GROUPS :]  # past the last whole group (under 384 entries)
+    finite(maxima, np.maximum(maxima.max(axis=-1), tail.max(axis=-1, initial=-np.inf)))
+    finite(tail)
     bounds = np.partition(maxima, TOP_K_GROUPS - k, axis=-1)[..., TOP_K_GROUPS - k]
     if logits.ndim == 1:  # a plain step's row
         return _top_at_or_above(logits, bounds, k)
