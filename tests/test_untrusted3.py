@@ -1,6 +1,6 @@
 """Issue 67, untrusted input round three: the load guard runs only our code wherever it is started,
 non-finite logits end a run in one line, browsers cannot drive the server from another site, and
-the small ones. (An RPC peer as untrusted input: test_rpc_peer.py.)"""
+the small ones. (An RPC peer as untrusted input: test_rpc.py, its "issue 67" sections.)"""
 
 from __future__ import annotations
 
