@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from mtad_edge.runtime.rpc import CONN_CAPS, REPLY, Cmd, Guard, check_server
+from mtad_edge.runtime.backends.rpc import CONN_CAPS, REPLY, Cmd, Guard, check_server
 
 TENSOR = 296  # sizeof(rpc_tensor), protocol 7
 

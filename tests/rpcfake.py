@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Optional
 
-from mtad_edge.runtime.rpc import CONN_CAPS, REPLY, Cmd
+from mtad_edge.runtime.backends.rpc import CONN_CAPS, REPLY, Cmd
 
 GGML_TYPE_Q4_0 = 2
 RPC_TENSOR = 296  # sizeof(rpc_tensor), protocol 7

@@ -10,7 +10,7 @@ import pytest
 from helpers import FakeLM, generate_tokens
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.drafter import Ahead
+from mtad_edge.runtime.drafting.aux import Ahead
 from mtad_edge.runtime.errors import OptionError
 
 PROMPT = [1, 2, 3]
@@ -170,7 +170,7 @@ def test_drafting_ahead_on_llama_cpp_gives_the_text_drafting_in_line_gives(smol_
 def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
     """Costs known (a target call 1 ms, an aux call 10 ms): the loop would wait for the aux after
     every verify, so no draft is made ahead; the text is the in-line one."""
-    from mtad_edge.runtime.controller import Model
+    from mtad_edge.runtime.drafting.controller import Model
 
     model = Model()
     for rows in range(1, 6):

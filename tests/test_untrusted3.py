@@ -35,14 +35,14 @@ def test_the_guard_child_is_isolated_and_loads_this_package_from_where_it_runs()
     from pathlib import Path
 
     import mtad_edge.runtime as runtime
-    from mtad_edge.runtime import child, guard
+    from mtad_edge.runtime.backends import child, guard
 
     cmd = child.command(guard.CHILD_MODULE, ["gguf", "/m.gguf"], guard.ENGINE_PACKAGES["gguf"])
     assert cmd[:3] == [sys.executable, "-I", "-c"]  # no current folder, user site or PYTHON* variables
     loads = dict(item.split("=", 1) for item in cmd[4 : cmd.index("--")])
     assert loads["mtad_edge.runtime"] == str(Path(runtime.__file__).resolve().parent)
     assert Path(loads["mtad_edge"], "__init__.py").is_file()
-    assert cmd[cmd.index("--") + 1 :] == ["mtad_edge.runtime.guard", "gguf", "/m.gguf"]
+    assert cmd[cmd.index("--") + 1 :] == ["mtad_edge.runtime.backends.guard", "gguf", "/m.gguf"]
 
 
 @pytest.mark.slow  # a real child loads the default pair's aux (92 MB)
@@ -50,7 +50,7 @@ def test_the_guard_child_runs_none_of_the_current_folders_code(smol_files, tmp_p
     """Row 2: a llama_cpp.py in the current folder ran in the child, and its exit 0 stamped any
     file as loaded. Row 1: the checkout's mtad_edge/ was imported and the child failed cleanly."""
     from mtad_edge.loader import StoredModelFacts
-    from mtad_edge.runtime import guard
+    from mtad_edge.runtime.backends import guard
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
     folder = tmp_path / "cwd"
@@ -401,8 +401,8 @@ def test_a_file_put_in_place_of_a_loaded_one_is_loaded_in_a_child_again(tmp_path
     """Row 14: a model file replaced after a clean load, with the same size and mtime, skipped the
     guard (and aborted the process): the guard's record now holds the inode and ctime too."""
     from mtad_edge.loader import StoredModelFacts
-    from mtad_edge.runtime import guard
-    from mtad_edge.runtime.child import Outcome
+    from mtad_edge.runtime.backends import guard
+    from mtad_edge.runtime.backends.child import Outcome
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["a build"])

@@ -18,7 +18,7 @@ from mtad_edge.cli.options import (
     missing_extra,
     model_options,
 )
-from mtad_edge.runtime import rpc
+from mtad_edge.runtime.backends import rpc
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server.limits import (
     BODY_TIMEOUT_S,

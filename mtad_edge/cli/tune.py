@@ -21,8 +21,8 @@ from mtad_edge.cli.options import (
     model_options,
     request_option,
 )
+from mtad_edge.runtime.backends.llama_cpp_backend import default_threads
 from mtad_edge.runtime.errors import MtadEdgeError
-from mtad_edge.runtime.llama_cpp_backend import default_threads
 from mtad_edge.store import os_error
 
 

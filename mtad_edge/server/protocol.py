@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from mtad_edge.logprobs import TokenLogprob
-from mtad_edge.runtime.chat import ROLES
 from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS
 from mtad_edge.runtime.errors import quoted
+from mtad_edge.runtime.text.chat import ROLES
 
 
 class BadRequest(Exception):

@@ -41,8 +41,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..errors import RpcError, quoted
 from .amx import mapped_libraries
-from .errors import RpcError, quoted
 from .signal_shield import shielded, watcher
 
 PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION (ggml-rpc.h) this module parses and llama.cpp speaks

@@ -15,7 +15,7 @@ from typing import Optional, Protocol
 
 import numpy as np
 
-from .errors import NonFiniteLogits
+from ..errors import NonFiniteLogits
 
 NEG_INF = -np.inf
 

@@ -27,7 +27,7 @@ from .repack import AMX_BUFFER, TIED_OUTPUT, Overrides, amx_kinds, amx_matrices,
 PROBE_ROWS = 4  # more than one: one row takes AMX's VNNI path, which works even where tiles crash
 PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a second or two
 PROBE_CTX = 64  # the child's context, in tokens
-PROBE_MODULE = __name__  # mtad_edge.runtime.amx: what runtime/child.py runs
+PROBE_MODULE = __name__  # mtad_edge.runtime.backends.amx: what runtime/child.py runs
 PROVED = "ran"  # what the child proves after its decode
 LIBRARY_PREFIXES = ("libllama", "libggml")  # the shared libraries whose build decides the verdict
 PROC_MAPS = Path("/proc/self/maps")  # where Linux lists a process's mapped files

@@ -63,9 +63,9 @@ def can_spawn_python() -> bool:
 def command(module: str, args: Sequence[str], packages: Sequence[str] = ()) -> list[str]:
     """The command line of a child running ``module``'s ``main(args, prove)``; ``packages``:
     third-party packages loaded from where this process has them (where it has imported them)."""
-    ours = __package__ or "mtad_edge.runtime"
+    ours = (__package__ or "mtad_edge.runtime.backends").rsplit(".", 1)[0]  # the runtime, a room above this
     top = ours.split(".")[0]
-    folders = [(top, _folder(top)), (ours, str(Path(__file__).resolve().parent))]
+    folders = [(top, _folder(top)), (ours, str(Path(__file__).resolve().parent.parent))]
     folders += [(name, _folder(name)) for name in packages]
     loads = [f"{name}={folder}" for name, folder in folders if folder is not None]
     return [sys.executable, "-I", "-c", BOOT, *loads, "--", module, *args]

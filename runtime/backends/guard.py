@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from ..errors import ModelLoadError
 from . import child
-from .errors import ModelLoadError
 
-CHILD_MODULE = __name__  # mtad_edge.runtime.guard: what runtime/child.py runs
+CHILD_MODULE = __name__  # mtad_edge.runtime.backends.guard: what runtime/child.py runs
 LOADED = "loaded"  # the fact kept for a file a child loaded cleanly
 CHILD_CTX = 64  # the child's context, in cells: one token is decoded
 # A child reads the whole file once (the one-token decode touches every weight): a minute, plus
