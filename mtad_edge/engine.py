@@ -36,9 +36,17 @@ from mtad_edge.runtime.backend import Segments
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.drafting.controller import Model
-from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, OptionError, json_int, quoted
+from mtad_edge.runtime.errors import (
+    ContextOverflowError,
+    MtadEdgeError,
+    NonFiniteLogits,
+    OptionError,
+    json_int,
+    quoted,
+)
 from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
 from mtad_edge.runtime.stats import Stats
+from mtad_edge.runtime.text.chat import ROLES
 from mtad_edge.runtime.text.constraint import Grammar
 from mtad_edge.runtime.text.constraint import compile as compile_grammar
 from mtad_edge.runtime.text.special import TooLong
@@ -147,7 +155,7 @@ class Response:
                 return
             models = eng._require_open()
             text, stop = TextStream(models.target), StopText(self._stop)
-            blocks, meter = iter(gen), self._meter
+            blocks, meter = _named(iter(gen), models), self._meter
             mark = time.perf_counter()
             try:
                 for block in blocks:
@@ -178,7 +186,10 @@ class Response:
                 if self.finish_reason is None:
                     self.finish_reason = "cancelled"
                 elif self._top is not None and self.finish_reason != "cancelled":
-                    self.logprobs = score(models.target, self.prompt_ids, self.tokens, self._top)
+                    try:
+                        self.logprobs = score(models.target, self.prompt_ids, self.tokens, self._top)
+                    except NonFiniteLogits:
+                        raise NonFiniteLogits(_nonfinite(models)) from None
 
 
 class BlockMeter:
@@ -413,6 +424,11 @@ class Engine:
             raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts", "messages")
         for m in messages:
             check_text(m.get("role"), "messages", "each message's role")
+            if m["role"] not in ROLES:  # as the server refuses it: a template would render it any way it likes
+                raise OptionError(
+                    f"a message's role must be {', '.join(ROLES[:-1])} or {ROLES[-1]}, got {quoted(m['role'])}",
+                    "messages",
+                )
             check_text(m.get("content"), "messages", "each message's content")
 
     def _start(
@@ -462,9 +478,23 @@ class Engine:
     def score(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """log p_target(token | prefix) of each of ``tokens`` after ``prompt_ids`` (raw logits)."""
         with self._hold():
-            return token_logprobs(self._require_open().target, list(prompt_ids), list(tokens))
+            models = self._require_open()
+            n_vocab = models.target.n_vocab
+            _check_ids(prompt_ids, "prompt_ids", n_vocab, least=1)
+            _check_ids(tokens, "tokens", n_vocab)
+            if len(prompt_ids) + len(tokens) > models.target.n_positions:
+                raise OptionError(
+                    f"prompt_ids and tokens hold {len(prompt_ids) + len(tokens)} tokens; the context holds "
+                    f"{models.target.n_positions} (--ctx-size)",
+                    "tokens",
+                )
+            try:
+                return token_logprobs(models.target, list(prompt_ids), list(tokens))
+            except NonFiniteLogits:
+                raise NonFiniteLogits(_nonfinite(models)) from None
 
     def tokenize(self, text: str) -> list[int]:
+        check_text(text, "text")
         return self._require_open().target.tokenize(text)
 
     @property
@@ -569,6 +599,46 @@ class Engine:
             raise OptionError(f"this engine was opened for {opened}: method {cfg.method} was not among them", "method")
         if cfg.drafts_with_aux and models.aux is None:
             raise OptionError(_no_aux(cfg.method), "drafter" if cfg.drafter != AUTO else "method")
+
+
+def _check_ids(ids: Any, param: str, n_vocab: int, least: int = 0) -> None:
+    """Token ids handed over by a caller: a list of integers of the vocabulary (0..n_vocab-1), at
+    least ``least`` of them; an OptionError naming ``param`` (an id past the vocabulary was an
+    IndexError, a negative one llama.cpp's "decode failed", a float was scored as its integer)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise OptionError(f"{param} must be a list of token ids, got {quoted(ids)}", param)
+    bad = next((t for t in ids if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)
+    if bad is not None:
+        raise OptionError(f"{param} must hold integer token ids, got {quoted(bad)}", param)
+    out = next((int(t) for t in ids if not 0 <= t < n_vocab), None)
+    if out is not None:
+        raise OptionError(f"{param}: token id {out} is not in the vocabulary (0..{n_vocab - 1})", param)
+    if len(ids) < least:
+        raise OptionError(f"{param} must hold at least {least} token id{'s' if least > 1 else ''}", param)
+
+
+def _named(blocks: Iterator[list[int]], models: LoadedPair) -> Generator[list[int], None, None]:
+    """A run's blocks; where a model's logits were not finite (runtime/rules/sampling.py), the error
+    names the model and where its logits were computed."""
+    try:
+        yield from blocks
+    except NonFiniteLogits:
+        raise NonFiniteLogits(_nonfinite(models)) from None
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def _nonfinite(models: LoadedPair) -> str:
+    """Which model gave the non-finite logits, where its backend can tell (its last call's)."""
+    for role, model in (("target", models.target), ("aux", models.aux)):
+        finite = getattr(model, "last_logits_finite", None)
+        if model is not None and finite is not None and not finite():
+            name = os.path.basename(str(getattr(model, "path", ""))) or role
+            origin = model.logits_origin() if hasattr(model, "logits_origin") else "its backend"
+            return f"the {role} model {name} gave non-finite logits (NaN or inf), computed by {origin}; the run stopped"
+    return "a model gave non-finite logits (NaN or inf); the run stopped"
 
 
 def _no_aux(method: str) -> str:

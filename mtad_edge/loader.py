@@ -148,7 +148,7 @@ class StoredModelFacts:
         build = _llama_build() if kind == "gguf" else _onnx_build()
         if build is None:
             return None
-        files = store.file_identity(*(f.resolve() for f in guard.model_files(kind, path)))
+        files = store.file_identity(*(f.resolve() for f in guard.model_files(kind, path)), swaps=True)
         return store.path("models", store.key([kind, build, files, fact]))
 
     def get(self, kind: str, path: Path, fact: str) -> Optional[Any]:

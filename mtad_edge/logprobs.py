@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtad_edge.runtime.backend import Backend, Batch, common_prefix
-from mtad_edge.runtime.rules.sampling import log_softmax
+from mtad_edge.runtime.rules.sampling import finite, log_softmax
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ def _rows(target: Backend, prompt: Sequence[int], tokens: Sequence[int]) -> Iter
         target.decode(Batch.run(seq[keep:first], keep, logits="none"))
     for lo in range(first, len(seq) - 1, target.n_batch):
         run = seq[lo : min(lo + target.n_batch, len(seq) - 1)]
-        logp = log_softmax(np.array(target.decode(Batch.run(run, lo, logits="all"))))
+        logits = np.array(target.decode(Batch.run(run, lo, logits="all")))
+        finite(logits.max(axis=-1))  # a NaN would be a NaN log-probability, which JSON cannot carry
+        logp = log_softmax(logits)
         for row, pos in zip(logp, range(lo, lo + len(run))):
             yield row, int(seq[pos + 1])

@@ -44,15 +44,18 @@ def home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtad-edge"
 
 
-def file_identity(*paths: Any) -> list[list[Any]]:
-    """Each model file (or ONNX folder) as [path, size, mtime]: a rebuilt file is another model."""
+def file_identity(*paths: Any, swaps: bool = False) -> list[list[Any]]:
+    """Each model file (or ONNX folder) as [path, size, mtime]: a rebuilt file is another model.
+    ``swaps``: also its inode and ctime, which a file put in its place changes whatever size and
+    mtime it was given (for the guard's record that a file loads without an abort)."""
     out = []
     for path in paths:
         try:
             st = Path(str(path)).stat() if path is not None else None
         except OSError:
             st = None
-        out.append([str(path), st.st_size if st else 0, st.st_mtime_ns if st else 0])
+        row = [str(path), st.st_size if st else 0, st.st_mtime_ns if st else 0]
+        out.append(row + ([st.st_ino if st else 0, st.st_ctime_ns if st else 0] if swaps else []))
     return out
 
 

@@ -8,6 +8,9 @@ derive everything else from it.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +141,33 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+_NOT_FILES = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_model_file(path: Path) -> None:
+    """A model file must be a regular file with something in it: a FIFO (whose open blocks),
+    /dev/zero (endless), /dev/null, a symlink loop or /proc/self/mem (whose reads fail) are each
+    named for what they are, not "not found"."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ModelLoadError(f"model file not found: {path}") from None
+    except OSError as e:
+        why = "a symbolic link that loops" if e.errno == errno.ELOOP else e.strerror or str(e)
+        raise ModelLoadError(f"{path} cannot be read as a model file: {why}") from None
+    kind = next((name for test, name in _NOT_FILES if test(st.st_mode)), None)
+    if kind is not None:
+        raise ModelLoadError(f"{path} is {kind}, not a model file")
+    if st.st_size == 0:
+        raise ModelLoadError(f"{path} is empty (0 bytes), not a model file")
 
 
 def check_trained_context(path: Path, positions: int, trained: int) -> None:

@@ -75,6 +75,16 @@ class DecodeConfig:
                 f"beam_width 'auto' applies to methods that draft with beams (mtad, mmtad); {self.method} does not",
                 "beam_width",
             )
+        if self.draft_ahead == "on" and (not self.drafts_with_aux or methods.get(self.method).tree):
+            if self.drafts_with_aux:
+                why = "verifies a tree of beams"
+            elif methods.get(self.method).drafts:
+                why = f"with drafter {self.drafter} does not draft with the aux"
+            else:
+                why = "does not draft"
+            raise OptionError(
+                f"draft_ahead 'on' applies to sd and mtad drafting with the aux; {self.method} {why}", "draft_ahead"
+            )
 
     @property
     def drafts_with_aux(self) -> bool:

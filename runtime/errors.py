@@ -34,6 +34,12 @@ class RpcError(MtadEdgeError):
     version), or was lost during a call; or llama.cpp's RPC backend is not built."""
 
 
+class NonFiniteLogits(MtadEdgeError):
+    """A model's logits held NaN or inf (a damaged file, a kernel bug, a peer's reply): the run
+    cannot go on. Raised where a row is read (runtime/rules/sampling.py), then told again with the model
+    and where its logits were computed, where that is known (mtad_edge/engine.py)."""
+
+
 class ContextOverflowError(MtadEdgeError):
     """The prompt does not fit in the context window."""
 

@@ -84,6 +84,10 @@ class Option:
                 and (not self.max_items or len(value) <= self.max_items)
                 and (not self.max_chars or sum(len(s) for s in value) <= self.max_chars)
             ):
+                bad = next((s for s in value if not _utf8(s)), None)
+                if bad is not None:  # a lone surrogate ("\udcff" in JSON): a prompt's is refused too
+                    why = f"{quoted(bad)} is not valid UTF-8 text (a lone surrogate)"
+                    raise OptionError(f"{self.name}: {why}", self.name)
                 return [s for s in value if s]
         elif _is_number(value, integral=self.kind == "int") and self._in_range(value):
             return int(value) if self.kind == "int" else float(value)
@@ -109,6 +113,14 @@ def _shown(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     return quoted(v)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_number(v: Any, integral: bool) -> bool:

@@ -184,6 +184,36 @@ class Served:
         conn.close()
         return resp.status, json.loads(raw) if raw else {}
 
+    def request(self, method: str, path: str, body=None, headers=None) -> tuple[int, dict, dict]:
+        """Any request, with exactly the given headers (http.client adds Host, which ``headers``
+        may replace): (status, lower-cased response headers, its JSON body, or {"text": ...})."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        hdrs = dict(headers or {})
+        conn.putrequest(method, path, skip_host="Host" in hdrs, skip_accept_encoding=True)
+        for key, value in hdrs.items():
+            conn.putheader(key, value)
+        if data is not None:
+            conn.putheader("Content-Length", str(len(data)))
+        conn.endheaders(data)
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"text": raw.decode(errors="replace")}
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+
+    def stream(self, body, path: str = "/v1/completions") -> list:
+        """A streamed request's events: each data line's JSON, "[DONE]" as it is."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        raw = conn.getresponse().read().decode()
+        conn.close()
+        data = [line[len("data: ") :] for line in raw.splitlines() if line.startswith("data: ")]
+        return [d if d == "[DONE]" else json.loads(d) for d in data]
+
     def get(self, path: str) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         conn.request("GET", path)
@@ -196,7 +226,7 @@ class Served:
         """Send a request on a raw socket; closing the socket is the client going away."""
         sock = socket.create_connection(("127.0.0.1", self.port))
         data = json.dumps(body).encode()
-        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         sock.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
         return sock
 

@@ -7,19 +7,41 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from typing import Optional
 
 from mtad_edge.runtime.backends.rpc import CONN_CAPS, REPLY, Cmd
+
+GGML_TYPE_Q4_0 = 2
+RPC_TENSOR = 296  # sizeof(rpc_tensor), protocol 7
+
+
+def tensor_request(kind: int) -> bytes:
+    """An rpc_tensor of ggml type ``kind`` (its id first, then its type), the rest zeros."""
+    return struct.pack("<QI", 0, kind) + bytes(RPC_TENSOR - 12)
 
 
 class FakeServer:
     """Serves one client at a time, as ggml-rpc-server does. ``version``: its hello; ``devices``:
     its device count; ``after``: calls served before it acts as ``then`` says: "close" (the process
     died), "silent" (stopped: reads, never answers), "malformed" (a reply of the wrong size);
-    ``mode`` "silent" / "close" from the first byte (a busy or foreign server)."""
+    ``mode`` "silent" / "close" from the first byte (a busy or foreign server); ``trickle``: seconds
+    between the bytes of each reply; ``bad``: replies given instead of the right ones once the
+    first ``bad_after`` calls (a check's, for one device) were answered well."""
 
-    def __init__(self, version=(7, 0, 0), devices=1, after: Optional[int] = None, then="close", mode="serve"):
+    def __init__(
+        self,
+        version=(7, 0, 0),
+        devices=1,
+        after: Optional[int] = None,
+        then="close",
+        mode="serve",
+        trickle: float = 0.0,
+        bad: Optional[dict] = None,
+        bad_after: int = 5,
+    ):
         self.version, self.devices, self.after, self.then, self.mode = version, devices, after, then, mode
+        self.trickle, self.bad, self.bad_after = trickle, bad or {}, bad_after
         self.calls: list[int] = []
         self.caps_seen: list[bytes] = []
         self.data: dict[int, bytes] = {}
@@ -64,8 +86,17 @@ class FakeServer:
                 continue
             self.calls.append(cmd)
             reply = self._reply(cmd, body)
+            if reply is not None and cmd in self.bad and len(self.calls) > self.bad_after:
+                reply = self.bad[cmd]
             if reply is not None:
-                conn.sendall(struct.pack("<Q", len(reply)) + reply)
+                data = struct.pack("<Q", len(reply)) + reply
+                if not self.trickle:
+                    conn.sendall(data)
+                for i in range(len(data) if self.trickle else 0):
+                    if self._stop.is_set():
+                        return
+                    conn.sendall(data[i : i + 1])
+                    time.sleep(self.trickle)
 
     def _reply(self, cmd: int, body: bytes) -> Optional[bytes]:
         if cmd == Cmd.HELLO:
@@ -103,8 +134,10 @@ class Client:
         size = struct.unpack("<Q", _recv(self.sock, 8) or b"")[0]
         return _recv(self.sock, size)
 
-    def get_tensor(self, size: int) -> Optional[bytes]:
-        return self.call(Cmd.GET_TENSOR, bytes(8 * 30) + struct.pack("<QQ", 0, size))
+    def get_tensor(self, size: int, kind: int = GGML_TYPE_Q4_0) -> Optional[bytes]:
+        """GET_TENSOR of ``size`` bytes of a tensor of ggml type ``kind`` (a float type's are
+        checked for non-finite numbers by the guard)."""
+        return self.call(Cmd.GET_TENSOR, tensor_request(kind) + struct.pack("<QQ", 0, size))
 
     def close(self) -> None:
         self.sock.close()
@@ -169,3 +202,75 @@ class CutProxy:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+
+
+class PeerProxy:
+    """A peer in front of ``upstream`` (a real ggml-rpc-server) that reads each call and its reply
+    whole and hands the reply to ``rewrite(cmd, request, reply, n)`` (``n``: the replies of that
+    command so far, over every connection) before passing it on: what it returns goes back, None
+    holds the reply for ever (a server stalled mid-call). ``trickle``: seconds between the bytes of
+    each reply."""
+
+    def __init__(self, upstream: str, rewrite=None, trickle: float = 0.0):
+        host, port = upstream.rsplit(":", 1)
+        self.upstream, self.rewrite, self.trickle = (host, int(port)), rewrite, trickle
+        self.seen: dict[int, int] = {}
+        self.held = threading.Event()  # set once a reply is held
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self._sock.getsockname()[1]}"
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._client, args=(client,), daemon=True).start()
+
+    def _client(self, client: socket.socket) -> None:
+        server = socket.create_connection(self.upstream)
+        self._conns += [client, server]
+        try:
+            while True:
+                head = _recv(client, 9)
+                if head is None:
+                    return
+                cmd, size = head[0], struct.unpack("<Q", head[1:])[0]
+                body = _recv(client, size) if size else b""
+                server.sendall(head + (body or b""))
+                if cmd not in REPLY:
+                    continue
+                rhead = _recv(server, 8)
+                if rhead is None:
+                    return
+                reply = _recv(server, struct.unpack("<Q", rhead)[0]) or b""
+                n = self.seen[cmd] = self.seen.get(cmd, 0) + 1
+                if self.rewrite is not None:
+                    reply = self.rewrite(cmd, body or b"", reply, n)
+                if reply is None:
+                    self.held.set()
+                    self._stop.wait()
+                    return
+                data = struct.pack("<Q", len(reply)) + reply
+                if not self.trickle:
+                    client.sendall(data)
+                for i in range(len(data) if self.trickle else 0):
+                    client.sendall(data[i : i + 1])
+                    time.sleep(self.trickle)
+        except OSError:
+            return
+        finally:
+            for s in (client, server):
+                s.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        for s in self._conns:
+            with contextlib.suppress(OSError):
+                s.close()

@@ -167,7 +167,9 @@ def test_the_page_needs_no_key_and_the_api_still_does():
             assert r.status == 200 and len(r.read()) > 500 and r.getheader("content-type").startswith(media), path
             assert "default-src 'none'" in r.getheader("content-security-policy")
         for method, path in (("GET", "/v1/models"), ("GET", "/static/other.js"), ("POST", "/")):
-            conn.request(method, path)
+            conn.request(
+                method, path, body=b"{}" if method == "POST" else None, headers={"Content-Type": "application/json"}
+            )
             r = conn.getresponse()
             assert r.status == 401 and json.loads(r.read())["error"]["type"] == "authentication_error", path
     finally:

@@ -176,24 +176,42 @@ def test_the_amx_child_tries_a_kind_of_every_weight_type_amx_takes_but_never_the
     assert probed_kinds(header(model(ggml_type=F16))) == [] and probed_kinds(None) == []
 
 
-def test_the_amx_child_counts_as_working_only_when_it_exits_cleanly_in_time():
+def test_a_child_counts_only_what_it_proves_with_the_nonce_and_how_it_ended(tmp_path, monkeypatch):
+    """runtime/backends/child.py: a child's word counts only with the parent's nonce before it (an exit 0
+    alone proves nothing); its end by a signal, its timeout and a missing interpreter are told apart."""
     import subprocess
     import sys
 
-    from mtad_edge.runtime.backends.amx import exit_status
+    from mtad_edge.runtime.backends import child
 
-    kill = "import os, signal; os.kill(os.getpid(), signal.{})"
-    assert exit_status([sys.executable, "-c", "pass"], 60) == 0
-    assert exit_status([sys.executable, "-c", kill.format("SIGSEGV")], 60) == -11
-    assert exit_status([sys.executable, "-c", kill.format("SIGILL")], 60) == -4
-    assert exit_status([sys.executable, "-c", "raise SystemExit(3)"], 60) == 3
-    assert exit_status([sys.executable, "-c", "import time; time.sleep(30)"], 0.5) is None
-    assert exit_status(["/nonexistent/python"], 60) is None
+    probe = tmp_path / "probe"  # a package the child loads from its folder, as it loads ours
+    probe.mkdir()
+    (probe / "__init__.py").write_text(
+        "import os, signal, sys, time\n"
+        "def main(argv, prove):\n"
+        "    what = argv[0]\n"
+        "    if what == 'prove': prove('ran')\n"
+        "    if what == 'forge': print('0' * 32 + ' ran')\n"
+        "    if what in ('SIGSEGV', 'SIGILL'): os.kill(os.getpid(), getattr(signal, what))\n"
+        "    if what == 'sleep': time.sleep(30)\n"
+        "    return 3 if what == 'fail' else 0\n"
+    )
+    boot = ["-I", "-c", child.BOOT, f"probe={probe}", "--", "probe"]
+    monkeypatch.setattr(child, "command", lambda module, args, packages=(): [sys.executable, *boot, *args])
+    assert child.run("probe", ["prove"], 60) == child.Outcome(0, ("ran",), b"")
+    assert child.run("probe", ["forge"], 60).said == ()  # printed, but without the nonce
+    assert child.run("probe", ["exit"], 60) == child.Outcome(0)  # a clean exit that proves nothing
+    assert child.run("probe", ["SIGSEGV"], 60).rc == -11 and child.run("probe", ["SIGILL"], 60).rc == -4
+    assert child.run("probe", ["fail"], 60).rc == 3
+    assert child.run("probe", ["sleep"], 0.5).rc is None
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    assert child.run("probe", ["prove"], 60).rc is None
+    monkeypatch.undo()
     if sys.platform == "linux":  # the child's expected crash leaves no core dump or crash report
-        code = "import ctypes; from mtad_edge.runtime.backends import amx; amx.no_core_dump(); "
-        code += "raise SystemExit(ctypes.CDLL(None).prctl(amx.PR_GET_DUMPABLE, 0, 0, 0, 0))"
+        code = "import ctypes; from mtad_edge.runtime.backends import child; child.no_core_dump(); "
+        code += "raise SystemExit(ctypes.CDLL(None).prctl(child.PR_GET_DUMPABLE, 0, 0, 0, 0))"
         assert subprocess.run([sys.executable, "-c", code]).returncode == 0  # not dumpable
-        assert subprocess.run([sys.executable, "-c", code.replace("amx.no_core_dump(); ", "")]).returncode == 1
+        assert subprocess.run([sys.executable, "-c", code.replace("child.no_core_dump(); ", "")]).returncode == 1
 
 
 class Crashes:
@@ -213,31 +231,34 @@ def test_only_a_child_killed_by_a_signal_is_kept_and_a_kept_crash_asks_no_child(
     import sys
 
     from mtad_edge.runtime.backends import amx
+    from mtad_edge.runtime.backends.child import Outcome
 
     children: list[str] = []
-    # SIGILL, clean, timed out, failed to load, SIGKILL (the OOM killer), SIGINT (Ctrl-C), SIGSEGV
-    status = {"a": -4, "b": 0, "c": None, "d": 5, "e": -9, "f": -2, "g": -11}
+    # SIGILL, clean, timed out, failed to load, SIGKILL (the OOM killer), SIGINT (Ctrl-C), SIGSEGV,
+    # and an exit 0 that proved nothing (not this package's child)
+    status = {"a": -4, "b": 0, "c": None, "d": 5, "e": -9, "f": -2, "g": -11, "h": 0}
 
-    def child(cmd, timeout):
-        children.append(cmd[-1])
-        return status[cmd[-1]]
+    def child(module, args, timeout, packages=()):
+        children.append(args[-1][-1])
+        rc = status[args[-1][-1]]
+        return Outcome(rc, ("ran",) if rc == 0 and args[-1][-1] != "h" else ())
 
-    monkeypatch.setattr(amx, "exit_status", child)
+    monkeypatch.setattr(amx.child, "run", child)
     monkeypatch.setattr(amx, "_VERDICTS", {})
     kept = Crashes()
-    verdicts = [False, True, False, False, False, False, False]
-    assert [amx._works((i,), name, kept) for i, name in enumerate("abcdefg")] == verdicts
-    assert kept.kept == {(0,), (6,)} and children == list("abcdefg")  # never a clean run: a wrong "yes" crashes
+    verdicts = [False, True, False, False, False, False, False, False]
+    assert [amx._works((i,), name, kept) for i, name in enumerate("abcdefgh")] == verdicts
+    assert kept.kept == {(0,), (6,)} and children == list("abcdefgh")  # never a clean run: a wrong "yes" crashes
     monkeypatch.setattr(amx, "_VERDICTS", {})  # a later process
-    assert [amx._works((i,), name, kept) for i, name in enumerate("abcdefg")] == verdicts
-    assert children == list("abcdefg") + list("bcdef")  # the kept crashes were not asked again
+    assert [amx._works((i,), name, kept) for i, name in enumerate("abcdefgh")] == verdicts
+    assert children == list("abcdefgh") + list("bcdefh")  # the kept crashes were not asked again
     monkeypatch.setattr(amx, "_VERDICTS", {})
     assert amx._works((0,), "a", None) is False and children[-1] == "a"  # without a store, asked
     for frozen, executable in ((True, sys.executable), (False, "")):  # a frozen app, an embedding
         monkeypatch.setattr(amx, "_VERDICTS", {})
         monkeypatch.setattr(sys, "frozen", frozen, raising=False)
         monkeypatch.setattr(sys, "executable", executable)
-        assert amx._works((1,), "b", None) is False and len(children) == 13  # no child started
+        assert amx._works((1,), "b", None) is False and len(children) == 15  # no child started
 
 
 def test_crashes_are_kept_in_the_cache_by_build_and_weight_types(monkeypatch, tmp_path):
@@ -355,14 +376,15 @@ def test_the_one_row_probe_asks_its_own_child_and_keeps_nothing(monkeypatch):
     (LlamaCppConfig.one_row): a verdict of its own, never read from or written to the store,
     whose crashes are the tiles'."""
     from mtad_edge.runtime.backends import amx
+    from mtad_edge.runtime.backends.child import Outcome
 
     asked: list[list[str]] = []
 
-    def child(cmd, timeout):
-        asked.append(cmd[3:])
-        return -4 if cmd[3] == str(amx.PROBE_ROWS) else 0  # the tiles die, one row runs
+    def child(module, args, timeout, packages=()):
+        asked.append([args[0], Path(args[1]).name])
+        return Outcome(-4) if args[0] == str(amx.PROBE_ROWS) else Outcome(0, ("ran",))  # the tiles die, one row runs
 
-    monkeypatch.setattr(amx, "exit_status", child)
+    monkeypatch.setattr(amx.child, "run", child)
     monkeypatch.setattr(amx, "_VERDICTS", {})
     kept = Crashes()
     assert amx._works((2,), "m", kept) is False and kept.kept == {(2,)}

@@ -85,7 +85,8 @@ def test_abandoned_non_stream_requests_are_cancelled_and_free_their_places(serve
 
 def test_a_client_gone_before_its_body_arrived_leaves_no_trace(served, caplog):
     sock = socket.create_connection(("127.0.0.1", served.port))
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 999\r\n\r\n"
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    head += b"Content-Type: application/json\r\nContent-Length: 999\r\n\r\n"
     sock.sendall(head + b'{"prompt": "ab')
     sock.close()
     assert served.post(SHORT)[0] == 200 and not served.runs.active

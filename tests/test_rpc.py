@@ -27,7 +27,7 @@ from mtad_edge.loader import ModelOptions
 from mtad_edge.runtime.backends import rpc
 from mtad_edge.runtime.backends.rpc import CONN_CAPS, Cmd, Guard, Placement, check_server, parse_endpoints
 from mtad_edge.runtime.errors import MtadEdgeError, RpcError
-from rpcfake import Client, CutProxy, FakeServer
+from rpcfake import Client, CutProxy, FakeServer, PeerProxy
 
 
 # -- endpoints ----------------------------------------------------------------------------------
@@ -258,6 +258,165 @@ def test_the_delay_relay_adds_its_delay_each_way():
         assert min(times) >= 0.010  # 5 ms each way
         assert relay.achieved_ms() is not None and 5 <= relay.achieved_ms() < 50  # type: ignore[operator]
     echo.close()
+
+
+# -- issue 67: a peer is untrusted input, read whole and checked before llama.cpp sees it ----------
+def test_a_port_is_ascii_digits_and_one_server_is_never_named_twice():
+    """Row 8: `127.0.0.1:²` was a traceback (str.isdigit takes it, int() does not) and full-width
+    digits were taken and echoed as typed. Row 4: 127.0.0.1:P,localhost:P and a port with a
+    leading zero passed the duplicate check, then stalled 120 s (a server serves one client)."""
+    for bad in ("127.0.0.1:²", "127.0.0.1:５００５２", "127.0.0.1:+5", "::1:50052", "[a]b:1"):
+        with pytest.raises(RpcError, match="is not HOST:PORT") as e:
+            parse_endpoints(bad)
+        assert "\n" not in str(e.value)
+    assert parse_endpoints("LocalHost:050052,[::1]:7") == ("localhost:50052", "[::1]:7")
+    with pytest.raises(RpcError, match="names 127.0.0.1:50052 twice"):
+        parse_endpoints("127.0.0.1:50052,127.0.0.1:050052")
+    server = FakeServer()
+    port = server.endpoint.rsplit(":", 1)[1]
+    t0 = time.monotonic()
+    with pytest.raises(RpcError, match=f"names one server twice: 127.0.0.1:{port} and localhost:{port} both reach"):
+        rpc.check_servers(parse_endpoints(f"127.0.0.1:{port},localhost:{port}"))
+    assert time.monotonic() - t0 < 3
+    server.close()
+    res = CliRunner().invoke(cli, ["generate", "--rpc", "127.0.0.1:²", "hi"])
+    assert res.exit_code == 2 and "is not HOST:PORT" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "server,needle",
+    [
+        (dict(devices=0xFFFFFFFF), "answered DEVICE_COUNT with a count of 4294967295 devices"),  # row 5
+        (dict(devices=16), "a count of 16 devices \\(llama.cpp takes 1..15\\)"),
+        (dict(bad={Cmd.GET_ALIGNMENT: struct.pack("<Q", 0)}, bad_after=2), "an alignment of 0 for device 0"),
+        (dict(bad={Cmd.GET_ALIGNMENT: struct.pack("<Q", 48)}, bad_after=2), "an alignment of 48"),
+        (dict(bad={Cmd.GET_MAX_SIZE: bytes(8)}, bad_after=2), "a largest buffer of 0 bytes"),
+        (dict(bad={Cmd.GET_DEVICE_MEMORY: struct.pack("<QQ", 5, 4)}, bad_after=2), "5 bytes free of 4"),
+        (dict(trickle=0.3), "did not answer HELLO within 1 s"),  # row 10: a byte every 0.3 s
+    ],
+)
+def test_a_check_refuses_replies_llama_cpp_would_assert_on_or_that_trickle_past_its_bound(server, needle, monkeypatch):
+    monkeypatch.setattr(rpc, "HELLO_TIMEOUT_S", 1.0)
+    fake = FakeServer(**server)
+    t0 = time.monotonic()
+    with pytest.raises(RpcError, match=needle) as e:
+        check_server(fake.endpoint)
+    assert time.monotonic() - t0 < 2.5 and "\n" not in str(e.value)
+    fake.close()
+
+
+NAN_ROW = struct.pack("<4f", 1.0, float("nan"), 2.0, 3.0)
+
+
+@pytest.mark.parametrize(
+    "bad,call,lost",
+    [
+        # row 6: right sizes, wrong contents
+        ({Cmd.BUFFER_GET_BASE: bytes(8)}, "base", "answered BUFFER_GET_BASE with a buffer base address null"),
+        ({Cmd.BUFFER_GET_BASE: struct.pack("<Q", 0x1010)}, "base", "base address not aligned to 32"),
+        ({Cmd.ALLOC_BUFFER: struct.pack("<QQ", 0x1234, 10)}, "alloc", "a buffer of 10 bytes for 100"),
+        ({Cmd.DEVICE_COUNT: struct.pack("<I", 3)}, "count", "a count of 3 devices, 1 at its check"),
+        ({Cmd.HELLO: bytes([8, 0, 0, 0]) + bytes(CONN_CAPS)}, "hello", "a hello of RPC protocol 8.0.0"),
+        ({Cmd.GET_ALLOC_SIZE: struct.pack("<Q", 1 << 60)}, "alloc size", "a tensor size of"),
+        # rows 7 and 12: non-finite floats in a tensor fetched (the logits), named as the peer's
+        ({Cmd.GET_TENSOR: NAN_ROW}, "logits", "non-finite numbers (NaN or inf)"),
+    ],
+)
+def test_the_guard_checks_what_each_reply_holds_and_answers_for_a_peer_that_lies(bad, call, lost):
+    fake = FakeServer(bad=bad)
+    guard = Guard(check_server(fake.endpoint))
+    client = Client(guard.endpoint)
+    answer = None
+    if call == "base":
+        client.call(Cmd.ALLOC_BUFFER, struct.pack("<IQ", 0, 100))
+        answer = client.call(Cmd.BUFFER_GET_BASE, struct.pack("<Q", 0x1234))
+        assert answer is not None and struct.unpack("<Q", answer)[0] == rpc.FAKE_BASE  # aligned, not null
+    elif call == "alloc":
+        answer = client.call(Cmd.ALLOC_BUFFER, struct.pack("<IQ", 0, 100))
+        assert answer is not None and struct.unpack("<QQ", answer)[1] == 100
+    elif call == "count":
+        assert client.call(Cmd.DEVICE_COUNT) == struct.pack("<I", 1)  # the check's, kept
+    elif call == "hello":
+        assert client.call(Cmd.HELLO, bytes(CONN_CAPS)) == bytes([7, 0, 0, 0]) + bytes(CONN_CAPS)
+    elif call == "alloc size":
+        assert client.call(Cmd.GET_ALLOC_SIZE, bytes(4 + 296 * 11)) == bytes(8)
+    else:
+        assert client.get_tensor(16, kind=0) == bytes(16)  # an F32 tensor: zeros, never the NaN
+    assert guard.lost is not None and lost in guard.lost, guard.lost
+    with pytest.raises(RpcError, match=f"rpc server {fake.endpoint} answered .* during a call: the target"):
+        Placement([guard], []).check("during a call")
+    client.close()
+    guard.close()
+    fake.close()
+
+
+def test_a_signal_cuts_a_stalled_call_short_after_its_grace_and_is_named(monkeypatch):
+    """Rows 3 and 11: a peer stalled mid-call held llama.cpp for the whole 120 s reply bound, and
+    a signal in llama.cpp's receive aborted the process. The guard hears the signal (the watcher
+    tells the placement) and answers the waiting call itself after INTERRUPT_GRACE_S."""
+    fake = FakeServer(after=7, then="silent")
+    guard = Guard(check_server(fake.endpoint))
+    placement = Placement([guard], [])
+    client = Client(guard.endpoint)
+    client.call(Cmd.HELLO, bytes(CONN_CAPS))
+    client.call(Cmd.ALLOC_BUFFER, struct.pack("<IQ", 0, 64))
+    answered = []
+    waiting = threading.Thread(target=lambda: answered.append(client.get_tensor(64)))
+    waiting.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    rpc.interrupt_all(signal.SIGINT)
+    waiting.join(10)
+    assert answered == [bytes(64)] and rpc.INTERRUPT_GRACE_S - 0.2 < time.monotonic() - t0 < rpc.INTERRUPT_GRACE_S + 2
+    with pytest.raises(RpcError) as e:
+        placement.check("during a call of 1 row")
+    assert str(e.value) == (
+        f"interrupted (SIGINT) during a call of 1 row: rpc server {fake.endpoint} had not answered GET_TENSOR "
+        "within 2 s of the signal"
+    )
+    placement.close()
+    client.close()
+    fake.close()
+
+
+def test_a_call_answered_within_the_grace_is_not_cut():
+    """Ctrl-C in `mtad-edge chat` stops an answer at its next step: a call in flight that the
+    server answers within the grace goes on, and the server stays usable after the grace."""
+    fake = FakeServer(trickle=0.001)  # a reply of 520 bytes takes about 0.5 s
+    guard = Guard(check_server(fake.endpoint))
+    client = Client(guard.endpoint)
+    client.call(Cmd.HELLO, bytes(CONN_CAPS))
+    answered = []
+    waiting = threading.Thread(target=lambda: answered.append(client.get_tensor(512)))
+    waiting.start()
+    time.sleep(0.1)
+    guard.interrupt("SIGINT", grace=1.0)
+    waiting.join(10)
+    assert answered == [bytes(range(256)) * 2] and guard.lost is None
+    time.sleep(1.2)  # the grace has passed: the call it was given to is over, nothing is cut
+    assert client.get_tensor(512) == bytes(range(256)) * 2 and guard.lost is None
+    client.close()
+    guard.close()
+    fake.close()
+
+
+def test_rpc_server_that_cannot_listen_is_one_line_and_a_non_zero_exit(tmp_path):
+    """Row 9: a port in use, --host 999.1.1.1, '' and ::1 all ended with status 0 (ggml-rpc-server's
+    "Failed to create server socket" after its banner, or nothing at all for ::1)."""
+    held = socket.create_server(("127.0.0.1", 0))
+    port = held.getsockname()[1]
+    cases = [
+        (["--port", str(port)], f"cannot listen on 127.0.0.1 port {port}: Address already in use"),
+        (["--host", "999.1.1.1"], "--host 999.1.1.1: not an IPv4 address or a name of one"),
+        (["--host", ""], "--host is empty"),
+        (["--host", "::1"], "--host ::1: ggml-rpc-server listens on IPv4 addresses only"),
+    ]
+    env = {**os.environ, "MTAD_EDGE_HOME": str(tmp_path)}  # nothing built: the checks come first
+    for args, needle in cases:
+        r = subprocess.run([EXE, "rpc", "server", *args], capture_output=True, text=True, timeout=60, env=env)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"Error: {needle}"), r.stderr
+    held.close()
 
 
 # -- real ggml-rpc-servers on 127.0.0.1 (slow) -----------------------------------------------------
@@ -526,3 +685,104 @@ def test_bench_through_the_delay_relay_reports_the_targets_rpc_traffic(smol_file
         assert traffic["round_trips"] >= results["methods"][method]["target_calls"] > 0
         assert traffic["received"] > 0 and "GET_TENSOR" in traffic["by_command"]
     assert "RPC traffic of the target" in (out / "report.md").read_text()
+
+
+# -- issue 67 against a real ggml-rpc-server behind a peer that lies (slow) --------------------------
+def _generate_through(smol_files, endpoint: str, *extra: str, max_tokens: int = 2) -> subprocess.Popen:
+    """`mtad-edge generate` of the default pair's aux (92 MB: the quickest target to send) with its
+    layers on ``endpoint``."""
+    cmd = [EXE, "generate", "--target", str(smol_files.aux), "--method", "ar", "--temperature", "0"]
+    cmd += ["--max-tokens", str(max_tokens), "--ctx-size", "256", "--threads", "1", "--rpc", endpoint, *extra]
+    return subprocess.Popen([*cmd, "Once upon a time"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _one_error(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=timeout)
+    errors = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("mtad-edge: the target's layers go")]
+    assert len(errors) == 1 and "Traceback" not in err and "GGML" not in err, err[-2000:]
+    return proc.returncode, errors[0]
+
+
+@pytest.fixture(scope="module")
+def one_server(rpc_built):
+    server = RealServer()
+    yield server
+    server.close()
+
+
+def _f32(request: bytes) -> bool:
+    return struct.unpack_from("<I", request, 8)[0] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "rewrite,needle",
+    [
+        # row 6: a null base, a buffer smaller than asked for (GGML_ASSERTs in ggml-alloc: exit 134)
+        (lambda cmd, req, reply, n: bytes(8) if cmd == Cmd.BUFFER_GET_BASE else reply, "base address null"),
+        (
+            lambda cmd, req, reply, n: reply[:8] + struct.pack("<Q", 64) if cmd == Cmd.ALLOC_BUFFER else reply,
+            "a buffer of 64 bytes for",
+        ),
+        # row 12: non-finite logits at the load's check were blamed on the local file
+        (
+            lambda cmd, req, reply, n: b"\xff" * len(reply) if cmd == Cmd.GET_TENSOR and _f32(req) else reply,
+            "non-finite numbers (NaN or inf)",
+        ),
+    ],
+)
+def test_a_peer_whose_replies_llama_cpp_would_assert_on_is_one_line_never_an_abort(
+    smol_files, one_server, rewrite, needle
+):
+    proxy = PeerProxy(one_server.endpoint, rewrite)
+    try:
+        code, line = _one_error(_generate_through(smol_files, proxy.endpoint))
+    finally:
+        proxy.close()
+    assert code == 1 and line.startswith(f"Error: rpc server {proxy.endpoint} answered ") and needle in line, line
+
+
+@pytest.mark.slow
+def test_nan_logits_from_a_peer_mid_run_end_the_run_in_one_line_naming_it(smol_files, one_server):
+    """Row 7: NaN logits after the load's check were a traceback from numpy's choice."""
+    fetched = {"n": 0}
+
+    def nan_later(cmd, req, reply, n):
+        if cmd == Cmd.GET_TENSOR and _f32(req) and len(reply) >= 4 * 49152:  # a row of logits
+            fetched["n"] += 1
+            if fetched["n"] > 3:  # the load's check, the prompt and a token went through
+                return struct.pack("<f", float("nan")) * (len(reply) // 4)
+        return reply
+
+    proxy = PeerProxy(one_server.endpoint, nan_later)
+    try:
+        code, line = _one_error(_generate_through(smol_files, proxy.endpoint, max_tokens=16))
+    finally:
+        proxy.close()
+    assert code == 1 and line.startswith(f"Error: rpc server {proxy.endpoint} answered GET_TENSOR with non-finite")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_a_peer_stalls_mid_call_ends_the_command_soon_with_its_code(smol_files, one_server, sig):
+    """Rows 3 and 11: SIGINT while llama.cpp waited for a reply aborted the process (its receive
+    failed with EINTR); a stalled peer then held the run for the 120 s reply bound."""
+    stall = threading.Event()
+    proxy = PeerProxy(one_server.endpoint, lambda cmd, req, reply, n: None if stall.is_set() else reply)
+    proc = _generate_through(smol_files, proxy.endpoint, max_tokens=200)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.read(1)  # the first text: loaded and generating
+        stall.set()
+        assert proxy.held.wait(30)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        code, line = _one_error(proc, timeout=30)
+    finally:
+        proc.kill()
+        proxy.close()
+    assert code == 128 + sig and time.monotonic() - t0 < rpc.INTERRUPT_GRACE_S + 5
+    name = signal.Signals(sig).name
+    assert line.startswith(f"Error: interrupted ({name}) during a call of "), line
+    assert f": rpc server {proxy.endpoint} had not answered " in line, line

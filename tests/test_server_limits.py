@@ -92,6 +92,7 @@ def server(smol_files, tmp_path_factory):
     args = ["--ctx-size", "256", "--threads", "2", "--max-tokens", "8", "--queue-size", "2"]
     args += ["--max-body", str(MAX_BODY), "--header-timeout", "1", "--idle-timeout", "1"]
     args += ["--body-timeout", str(BODY_TIMEOUT), "--max-connections", str(CAP)]
+    args += ["--allow-host", "my-box.lan", "--cors-origin", "http://app.example"]
     s = start(tmp_path_factory.mktemp("serve") / "stderr.txt", *args)
     yield s
     stop(s)
@@ -114,7 +115,7 @@ def test_a_chunked_body_is_cut_at_max_body_as_it_streams_in(server):
     """Only Content-Length used to be checked: a chunked body was read whole before the 413 (here the
     body never ends, so it waited for ever)."""
     sock = socket.create_connection(("127.0.0.1", server.port))
-    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     sock.sendall(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
     piece = b"x" * 4096
     sent = 0
@@ -132,7 +133,7 @@ def test_a_chunked_body_is_cut_at_max_body_as_it_streams_in(server):
 
 def test_a_stalled_body_is_a_408_after_the_header_timeout(server):
     sock = socket.create_connection(("127.0.0.1", server.port))
-    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     sock.sendall(f'{head}Content-Length: 100\r\n\r\n{{"messages"'.encode())  # 11 of 100 bytes
     started = time.time()
     reply = read_response(sock, timeout=10)
@@ -148,7 +149,7 @@ def test_idle_half_sent_requests_never_starve_the_server(server):
     socks = []
     for _ in range(50):
         s = socket.create_connection(("127.0.0.1", server.port))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # the head never ends
         socks.append(s)
     replies = [read_response(s, timeout=6) for s in socks]  # each: refused at once, or closed after 1 s
     for s in socks:
@@ -167,7 +168,7 @@ def test_a_request_head_over_16_kib_is_refused(server):
     for size, status in ((100, b"200"), (20_000, b"431"), (200_000, b"4")):  # 400 while it arrives in pieces
         sock = socket.create_connection(("127.0.0.1", server.port))
         with contextlib.suppress(OSError):  # refused before it was all sent
-            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
         reply = read_response(sock, timeout=10)
         sock.close()
         assert reply.startswith(b"HTTP/1.1 " + status), (size, reply[:100])
@@ -175,7 +176,7 @@ def test_a_request_head_over_16_kib_is_refused(server):
 
 def test_a_keep_alive_connection_left_idle_is_closed(server):
     sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     started = time.time()
     reply = read_response(sock, timeout=10)  # the answer, then the close after --idle-timeout 1
     sock.close()
@@ -274,7 +275,7 @@ def trickle(socks: list, stop: threading.Event, every: float = 0.3) -> threading
 
 def slow_post(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
-    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     sock.sendall(f"{head}Content-Length: 1000\r\n\r\n{{".encode())
     return sock
 
@@ -315,8 +316,9 @@ def test_chunked_and_content_length_together_is_a_400_that_closes_the_connection
     """Chunked was honoured and the next pipelined request served on the same connection: request
     smuggling behind a proxy that reads Content-Length (RFC 9112 6.1)."""
     body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}).encode()
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
-    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.sendall(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) + smuggled)
     reply = read_response(sock, timeout=10)
@@ -426,3 +428,29 @@ def test_a_server_open_to_the_network_without_an_api_key_warns_at_start(smol_fil
     code, said = serve_start("--host", "0.0.0.0", "--api-key", "k")
     assert code is None and "warning" not in said, said
     assert "warning" not in server.stderr()  # loopback: no warning
+
+
+# -- issue 67: browsers cannot drive the server from another site ---------------------------------------
+def test_a_page_of_another_site_cannot_drive_the_server_but_an_allowed_one_can(server):
+    """`curl -H 'Origin: http://evil.example' -H 'Content-Type: text/plain' -d ...` ran a generation,
+    and any Host was served (DNS rebinding)."""
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+
+    def post(headers: dict) -> tuple[int, dict, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        resp = conn.getresponse()
+        out = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        conn.close()
+        return out
+
+    status, _, raw = post({"Origin": "http://evil.example", "Content-Type": "text/plain"})
+    assert status in (403, 415) and b"error" in raw
+    assert post({"Origin": "http://evil.example", "Content-Type": "application/json"})[0] == 403
+    assert post({"Content-Type": "text/plain"})[0] == 415
+    assert post({"Host": "attacker.example", "Content-Type": "application/json"})[0] == 403
+    assert post({"Host": "my-box.lan", "Content-Type": "application/json"})[0] == 200
+    status, headers, _ = post({"Origin": "http://app.example", "Content-Type": "application/json"})
+    assert status == 200 and headers["access-control-allow-origin"] == "http://app.example"
+    own = {"Origin": f"http://127.0.0.1:{server.port}", "Content-Type": "application/json"}
+    assert post(own)[0] == 200

@@ -531,11 +531,12 @@ def test_the_guard_loads_a_file_once_per_identity_and_build(tmp_path, monkeypatc
 
     from mtad_edge.loader import StoredModelFacts
     from mtad_edge.runtime.backends import guard
+    from mtad_edge.runtime.backends.child import Outcome
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["a build"])
     children = []
-    monkeypatch.setattr(guard, "_run_child", lambda kind, path: children.append(path) or (0, b""))
+    monkeypatch.setattr(guard, "_run_child", lambda kind, path: children.append(path) or Outcome(0, ("loaded",)))
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(60))
     for _ in range(3):
@@ -551,15 +552,17 @@ def test_the_guard_loads_a_file_once_per_identity_and_build(tmp_path, monkeypatc
 
 def test_a_child_that_fails_cleanly_or_runs_out_of_time_proves_nothing_and_keeps_nothing(tmp_path, monkeypatch):
     """llama.cpp's own refusal is reported by the load that follows (its words, not ours); a
-    child past its time (a slow disk) lets the load go on as before the guard."""
+    child past its time (a slow disk) lets the load go on as before the guard; an exit 0 that did
+    not prove the load with the nonce (code not ours ran, issue 67) keeps nothing either."""
     from mtad_edge.loader import StoredModelFacts
     from mtad_edge.runtime.backends import guard
+    from mtad_edge.runtime.backends.child import Outcome
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["a build"])
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    for outcome in [(3, b"llama_model_load: error loading model"), (None, b"")]:
+    for outcome in [Outcome(3, (), b"llama_model_load: error loading model"), Outcome(None), Outcome(0)]:
         monkeypatch.setattr(guard, "_run_child", lambda kind, path, outcome=outcome: outcome)
         guard.check_loads("gguf", model, StoredModelFacts())  # no error: the load goes on
         assert StoredModelFacts().get("gguf", model, "loaded") is None
@@ -567,10 +570,11 @@ def test_a_child_that_fails_cleanly_or_runs_out_of_time_proves_nothing_and_keeps
 
 def test_a_child_killed_by_a_signal_is_named_with_its_last_words(tmp_path, monkeypatch):
     from mtad_edge.runtime.backends import guard
+    from mtad_edge.runtime.backends.child import Outcome
 
     model = tmp_path / "m.onnx"
     err = b"noise\n/src/onnxruntime/core/graph.cc:88: something broke\nmore\n"
-    monkeypatch.setattr(guard, "_run_child", lambda kind, path: (-11, err))
+    monkeypatch.setattr(guard, "_run_child", lambda kind, path: Outcome(-11, (), err))
     with pytest.raises(ModelLoadError) as e:
         guard.check_loads("onnx", model, None)
     assert str(e.value) == f"onnxruntime crashed (SIGSEGV) while loading {model}: graph.cc:88: something broke"

@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 CHUNK = 1 << 16
+RELAY_DELAY_MAX_MS = 10_000.0  # one way: past any link's latency (1e9 ms failed as a bad port, NaN was taken)
 
 
 class DelayRelay:
@@ -28,6 +29,8 @@ class DelayRelay:
     connection to ``upstream`` (HOST:PORT) with ``delay_ms`` added each way."""
 
     def __init__(self, upstream: str, delay_ms: float, host: str = "127.0.0.1", port: int = 0):
+        if not 0 <= delay_ms <= RELAY_DELAY_MAX_MS:  # NaN too
+            raise ValueError(f"the relay's delay must be 0..{RELAY_DELAY_MAX_MS:g} ms, got {delay_ms!r}")
         up_host, _, up_port = upstream.rpartition(":")
         self.upstream = (up_host.strip("[]"), int(up_port))
         self.delay = delay_ms / 1000
@@ -107,10 +110,17 @@ class DelayRelay:
             dst.shutdown(socket.SHUT_WR)
 
 
+def _delay(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= RELAY_DELAY_MAX_MS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0..{RELAY_DELAY_MAX_MS:g} ms")
+    return value
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description="A TCP relay with a one-way delay (for RPC latency experiments).")
     ap.add_argument("--to", required=True, metavar="HOST:PORT", help="the server relayed to")
-    ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay added each way")
+    ap.add_argument("--delay-ms", type=_delay, default=0.0, help="one-way delay added each way")
     ap.add_argument("--port", type=int, default=0, help="port to listen on, on 127.0.0.1 (0: any)")
     args = ap.parse_args(argv)
     relay = DelayRelay(args.to, args.delay_ms, port=args.port)

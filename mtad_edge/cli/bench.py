@@ -25,7 +25,7 @@ from mtad_edge.bench import judge as judging
 from mtad_edge.bench import lookup, native, peer, report
 from mtad_edge.bench.paired import paired
 from mtad_edge.bench.quality import frontier, resolution
-from mtad_edge.bench.relay import DelayRelay
+from mtad_edge.bench.relay import RELAY_DELAY_MAX_MS, DelayRelay
 from mtad_edge.bench.run import (
     PRESETS,
     BenchConfig,
@@ -40,6 +40,7 @@ from mtad_edge.bench.run import (
 from mtad_edge.bench.variants import Variant, expand
 from mtad_edge.bench.variants import capacity as variant_capacity
 from mtad_edge.cli.options import (
+    FiniteRange,
     ModelChoice,
     decode_config,
     errors_as_click,
@@ -163,7 +164,7 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
 )
 @click.option(
     "--relay-delay",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(min=0, max=RELAY_DELAY_MAX_MS),
     metavar="MS",
     help="With --rpc: reach each rpc server through a loopback relay that adds MS milliseconds each way "
     "(bench/relay.py), to see what a network's latency costs each method.",

@@ -54,7 +54,10 @@ class ChatSession:
 
     def command(self, line: str) -> bool:
         """Handle a /command; False means quit."""
-        cmd, _, arg = line.partition(" ")
+        cmd, _, arg = line.strip().partition(" ")
+        if arg.strip() and cmd in ("/quit", "/exit", "/reset", "/stats", "/help"):  # "/reset all" is not "/reset"
+            _info(f"({cmd} takes nothing after it; nothing done)")
+            return True
         if cmd in ("/quit", "/exit"):
             return False
         if cmd == "/reset":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -38,6 +39,17 @@ def _stack(*decorators: Decorator) -> Decorator:
         return f
 
     return apply
+
+
+class FiniteRange(click.FloatRange):
+    """A float option in a range, never NaN or an infinity: click's FloatRange takes "nan" (which
+    compares false with every bound) and "inf" where it has no maximum."""
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 class OptionType(click.ParamType):

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import click
 
 from mtad_edge.cli.options import (
+    FiniteRange,
     ModelChoice,
     decode_config,
     decode_options,
@@ -17,6 +18,7 @@ from mtad_edge.cli.options import (
     missing_extra,
     model_options,
 )
+from mtad_edge.runtime.backends import rpc
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server.limits import (
     BODY_TIMEOUT_S,
@@ -26,6 +28,8 @@ from mtad_edge.server.limits import (
     MAX_HEADER_BYTES,
 )
 from mtad_edge.signals import interrupts
+
+TIMEOUT_MAX_S = 86400.0  # a day: past any client's patience (and asyncio's timers take any finite value)
 
 
 def check_api_key(key: Optional[str]) -> None:
@@ -70,14 +74,14 @@ def check_api_key(key: Optional[str]) -> None:
 )
 @click.option(
     "--header-timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteRange(min=0.1, max=TIMEOUT_MAX_S),
     default=HEADER_TIMEOUT_S,
     show_default=True,
     help="Seconds a client has to send a request's headers, and at most between two pieces of its body (408).",
 )
 @click.option(
     "--body-timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteRange(min=0.1, max=TIMEOUT_MAX_S),
     default=BODY_TIMEOUT_S,
     show_default=True,
     help="Seconds a client has to send a request's whole body, once its headers are in (408).",
@@ -97,6 +101,23 @@ def check_api_key(key: Optional[str]) -> None:
     help="Open connections at most; a new one closes the one that has waited longest for its request "
     "to arrive (503), or is answered 503 when every other one has a request in progress.",
 )
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests whose Host is NAME (repeatable; * for any): the name a reverse proxy or the "
+    "network uses for this machine. IP addresses, localhost and --host are answered anyway; any other Host is "
+    "refused (403), so a web page cannot reach the server through DNS rebinding.",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let web pages of ORIGIN (SCHEME://HOST[:PORT]; repeatable; * for any) call the API from a browser "
+    "(CORS). Without it a request from another site's page is refused (403).",
+)
 @click.option("--model-name", help="The model id clients see (default: the pair's name).")
 @errors_as_click
 def serve(
@@ -110,6 +131,8 @@ def serve(
     body_timeout: float,
     idle_timeout: int,
     max_connections: int,
+    allow_hosts: tuple[str, ...],
+    cors_origins: tuple[str, ...],
     model_name: Optional[str],
     **decode: Any,
 ) -> None:
@@ -123,9 +146,14 @@ def serve(
 
         from mtad_edge.server import connections
         from mtad_edge.server.app import create_app
+        from mtad_edge.server.origins import check_allowed_host, check_origin
     except ImportError as e:
         raise missing_extra("the server", "serve", e) from None
 
+    for name in allow_hosts:  # one line at start, before the load
+        check_allowed_host(name)
+    for origin in cors_origins:
+        check_origin(origin)
     connections.ensure_descriptors(max_connections)
     cfg = decode_config(**decode)
     with contextlib.ExitStack() as stack:  # the engine closes first, then the socket
@@ -151,6 +179,9 @@ def serve(
             max_body=max_body,
             read_timeout=header_timeout,
             body_timeout=body_timeout,
+            listen_host=host,
+            allow_hosts=allow_hosts,
+            cors_origins=cors_origins,
         )
         runs = app.state.runs
         refusals = connections.Refusals()
@@ -158,8 +189,10 @@ def serve(
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
                 """SIGINT/SIGTERM: cancel every generation first (each ends at its next step),
-                so uvicorn's graceful shutdown has only short requests left to wait for."""
+                so uvicorn's graceful shutdown has only short requests left to wait for; a call
+                an rpc server does not answer is cut short after its grace (runtime/backends/rpc.py)."""
                 runs.stop_all()
+                rpc.interrupt_all(sig)
                 super().handle_exit(sig, frame)
 
             async def startup(self, sockets: Any = None) -> None:

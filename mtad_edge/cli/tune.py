@@ -13,7 +13,14 @@ import click
 import mtad_edge.floors as floors
 import mtad_edge.tune as tuning
 from mtad_edge.bench.run import load_prompts
-from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, request_option
+from mtad_edge.cli.options import (
+    FiniteRange,
+    ModelChoice,
+    decode_config,
+    errors_as_click,
+    model_options,
+    request_option,
+)
 from mtad_edge.runtime.backends.llama_cpp_backend import default_threads
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.store import os_error
@@ -57,14 +64,14 @@ def _fmt(v: Optional[float], spec: str) -> str:
 )
 @click.option(
     "--bound",
-    type=click.FloatRange(min=1.0, max=2.0),
+    type=FiniteRange(min=1.0, max=2.0),
     default=tuning.BOUND,
     show_default=True,
     help="Largest PPL ratio to the reference gamma a shorter draft may have.",
 )
 @click.option(
     "--confidence",
-    type=click.FloatRange(min=0.5, max=0.99),
+    type=FiniteRange(min=0.5, max=0.99),
     default=tuning.CONFIDENCE,
     show_default=True,
     help="Share of bootstrap resamples of the prompt-runs a shorter draft must be within the bound in.",

@@ -15,7 +15,7 @@ import contextlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -31,6 +31,7 @@ from mtad_edge.runtime.errors import MtadEdgeError, json_problem
 from mtad_edge.server import page
 from mtad_edge.server import protocol as P
 from mtad_edge.server.limits import BODY_TIMEOUT_S, MAX_HEADER_BYTES
+from mtad_edge.server.origins import BrowserGuard
 
 
 class Ticket:
@@ -204,12 +205,18 @@ def create_app(
     max_body: int = 1 << 20,
     read_timeout: float = 10.0,
     body_timeout: float = BODY_TIMEOUT_S,
+    listen_host: Optional[str] = None,
+    allow_hosts: Sequence[str] = (),
+    cors_origins: Sequence[str] = (),
 ) -> FastAPI:
     """``read_timeout``: the longest a request's body may pause between two pieces;
-    ``body_timeout``: the longest it may take in all, from the end of its head (408 after either)."""
+    ``body_timeout``: the longest it may take in all, from the end of its head (408 after either).
+    ``listen_host``, ``allow_hosts``, ``cors_origins``: what browsers may do (server/origins.py)."""
     app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None, openapi_url=None)
     runs = Runs(queue_size)
     app.add_middleware(Guard, api_key=api_key, max_body=max_body, read_timeout=read_timeout, body_timeout=body_timeout)
+    # added last, so it runs first: a browser's request from another site never reaches the rest
+    app.add_middleware(BrowserGuard, listen_host=listen_host, allow_hosts=allow_hosts, cors_origins=cors_origins)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404 / 405 as OpenAI errors

@@ -11,6 +11,7 @@ from typing import Any, Optional
 from mtad_edge.logprobs import TokenLogprob
 from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS
 from mtad_edge.runtime.errors import quoted
+from mtad_edge.runtime.text.chat import ROLES
 
 
 class BadRequest(Exception):
@@ -121,6 +122,10 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
     blocks = _typed(body, "mtad_blocks", bool, False)
     if blocks and not stream:
         raise BadRequest("'mtad_blocks' describes streamed chunks: it needs 'stream': true", "mtad_blocks")
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise BadRequest(
+            "give 'max_tokens' or 'max_completion_tokens' (its newer name), not both", "max_completion_tokens"
+        )
     opts = {name: body[key] for key, name in REQUEST_FIELDS.items() if body.get(key) is not None}
     stop = body.get("stop")  # null is "not given"; 0 or false is a bad value (it was read as no stop strings)
     parsed = Parsed(opts, () if stop is None else stop, stream, logprobs, include_usage, blocks)
@@ -214,7 +219,7 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     out = []
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise BadRequest("each message needs a role of system, user or assistant", "messages")
         # The template reads role and content only: a name or tool calls would be lost without a word.
         unread = [k for k, v in m.items() if k not in ("role", "content") and not _unused(v, MESSAGE_NEUTRAL.get(k))]

@@ -5,7 +5,8 @@ pip builds llama-cpp-python on Debian 12) load the configuration empty and die o
 tile instruction (SIGILL or SIGSEGV, llama.cpp #20824 / #26954), but only for calls of more than
 one row: one-row calls take a VNNI path that works. A crash cannot be caught in-process, so a
 child loads a matrix kind of each weight type the model holds into the AMX buffer and decodes
-``PROBE_ROWS`` tokens in one call; the model loads there only if that child exits cleanly. One
+``PROBE_ROWS`` tokens in one call; the model loads there only if that child proves it ran (it runs
+only this package's code and says so with the parent's nonce: runtime/backends/child.py). One
 verdict per process and set of weight types; a caller may keep the crashes across processes
 (``VerdictStore``, keyed by ``build_identity()``), never a clean run: a "yes" kept wrongly would
 crash every later run, a "no" costs only speed.
@@ -15,20 +16,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from . import child
 from .gguf_header import Header, read_header
 from .repack import AMX_BUFFER, TIED_OUTPUT, Overrides, amx_kinds, amx_matrices, exact
 
 PROBE_ROWS = 4  # more than one: one row takes AMX's VNNI path, which works even where tiles crash
 PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a second or two
 PROBE_CTX = 64  # the child's context, in tokens
-PROBE_MODULE = "mtad_edge.runtime.backends.amx"
-PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3  # prctl options (linux/prctl.h)
+PROBE_MODULE = __name__  # mtad_edge.runtime.backends.amx: what backends/child.py runs
+PROVED = "ran"  # what the child proves after its decode
 LIBRARY_PREFIXES = ("libllama", "libggml")  # the shared libraries whose build decides the verdict
 PROC_MAPS = Path("/proc/self/maps")  # where Linux lists a process's mapped files
 PROC_CPUINFO = Path("/proc/cpuinfo")
@@ -65,30 +65,14 @@ def _works(types: tuple[int, ...], path: str, store: Optional[VerdictStore], row
     """One verdict per set of weight types and rows (``path``: the first model with it)."""
     key = (types, rows)
     if key not in _VERDICTS:
-        if not can_spawn_python() or (store is not None and store.crashed(types)):
+        if not child.can_spawn_python() or (store is not None and store.crashed(types)):
             _VERDICTS[key] = False
         else:
-            rc = exit_status([sys.executable, "-m", PROBE_MODULE, str(rows), path], PROBE_TIMEOUT_S)
-            _VERDICTS[key] = rc == 0
-            if rc is not None and -rc in CRASH_SIGNALS and store is not None:
+            outcome = child.run(PROBE_MODULE, [str(rows), str(Path(path).absolute())], PROBE_TIMEOUT_S, ("llama_cpp",))
+            _VERDICTS[key] = outcome.rc == 0 and outcome.said == (PROVED,)
+            if outcome.rc is not None and -outcome.rc in CRASH_SIGNALS and store is not None:
                 store.record_crash(types)
     return _VERDICTS[key]
-
-
-def can_spawn_python() -> bool:
-    """Whether ``sys.executable -m`` starts a Python child: not in a frozen app (PyInstaller and
-    the like), where it would start the app itself, nor in an embedding that names no interpreter."""
-    return bool(sys.executable) and not getattr(sys, "frozen", False)
-
-
-def exit_status(cmd: Sequence[str], timeout: float) -> Optional[int]:
-    """``cmd``'s exit status (negative: the signal that killed it), or None where it did not
-    finish within ``timeout`` seconds or could not start."""
-    try:
-        proc = subprocess.run(list(cmd), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (subprocess.TimeoutExpired, OSError):
-        return None
-    return proc.returncode
 
 
 def mapped_libraries(prefixes: tuple[str, ...] = LIBRARY_PREFIXES) -> list[str]:
@@ -136,22 +120,16 @@ def probed_kinds(header: Optional[Header]) -> list[str]:
     return kinds
 
 
-def no_core_dump() -> None:
-    """Where the build's AMX crashes, the child's crash is its answer: no core file or crash
-    report (apport, systemd-coredump) for it."""
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-
-
-def _child(path: str, rows: int = PROBE_ROWS) -> int:
-    """Load the kinds probed_kinds() names into AMX's buffer and decode ``rows`` tokens in one
-    call (0: it ran). llama.cpp's log goes to stderr, which the parent keeps to itself."""
+def main(argv: list[str], prove: Callable[[str], Any]) -> int:
+    """The child (runtime/backends/child.py runs it): argv is [ROWS, PATH]. Load the kinds probed_kinds()
+    names into AMX's buffer and decode ROWS tokens in one call, then prove it ran (0: it ran).
+    llama.cpp's log goes to stderr, which the parent keeps to itself."""
     import ctypes
 
-    no_core_dump()
+    child.no_core_dump()  # where the build's AMX crashes, the crash is the answer: no core file for it
     import llama_cpp
+
+    rows, path = int(argv[0]), argv[1]
 
     overrides = Overrides(llama_cpp, [(p, AMX_BUFFER) for p in probed_kinds(read_header(Path(path)))])
     if overrides.pointer is None:
@@ -170,10 +148,7 @@ def _child(path: str, rows: int = PROBE_ROWS) -> int:
     rows = max(1, min(rows, PROBE_CTX))
     tokens = (llama_cpp.llama_token * rows)(*range(1, rows + 1))
     first = ctypes.cast(tokens, ctypes.POINTER(llama_cpp.llama_token))
-    rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(first, rows))
-    return 0 if rc == 0 else 5
-
-
-if __name__ == "__main__":
-    # argv: [ROWS] PATH
-    sys.exit(_child(sys.argv[-1], int(sys.argv[1]) if len(sys.argv) > 2 and sys.argv[1].isdigit() else PROBE_ROWS))
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(first, rows)) != 0:
+        return 5
+    prove(PROVED)
+    return 0

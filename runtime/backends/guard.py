@@ -7,26 +7,26 @@ more in the vocabulary and graph code. A list of checks of our own is always one
 so the class is closed here instead: a child loads the model the way we would, on the CPU, and
 decodes one token (graph-building asserts fire there). Where the child dies by a signal, the load
 is a one-line ``ModelLoadError`` quoting llama.cpp's last words (``GGML_ASSERT(...) failed``);
-where it ran, the caller keeps that (``ModelFacts``, by the file's identity and the build), so a
-second load of a known file costs one small read. A child that fails cleanly, or runs past its
-time, proves nothing: the model then loads here as it did before the guard (llama.cpp's own
-error, or a slow disk), and nothing is kept.
+where the token's logits are not finite, the file is named as unusable. A load is kept by the
+caller (``ModelFacts``, by the file's identity and the build) only where the child proved it
+(runtime/backends/child.py: it runs only this package's code, and says so with the parent's nonce after
+the decode), so a second load of a known file costs one small read. A child that fails cleanly,
+exits without that proof, or runs past its time, proves nothing: the model then loads here as
+it did before the guard (llama.cpp's own error, or a slow disk), and nothing is kept.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from ..errors import ModelLoadError
-from .amx import can_spawn_python, no_core_dump
+from . import child
 
-CHILD_MODULE = "mtad_edge.runtime.backends.guard"
+CHILD_MODULE = __name__  # mtad_edge.runtime.backends.guard: what backends/child.py runs
 LOADED = "loaded"  # the fact kept for a file a child loaded cleanly
 CHILD_CTX = 64  # the child's context, in cells: one token is decoded
 # A child reads the whole file once (the one-token decode touches every weight): a minute, plus
@@ -35,7 +35,9 @@ BASE_TIMEOUT_S = 60.0
 DISK_BYTES_PER_S = 50e6
 # ggml's abort message: "path/file.cpp:123: GGML_ASSERT(x) failed" (ggml_abort's "%s:%d: " prefix)
 _ABORT_LINE = re.compile(r"^\S+:\d+: .+$", re.MULTILINE)
-_STDERR_TAIL = 64 * 1024  # bytes of the child's stderr kept: its last words are at the end
+# What a child proves after its decode: the file loaded and its logits were finite, or not.
+PROVED_LOADED, PROVED_NONFINITE = "loaded", "nonfinite"
+ENGINE_PACKAGES = {"gguf": ("llama_cpp",), "onnx": ("onnxruntime", "tokenizers")}
 
 
 class ModelFacts(Protocol):
@@ -53,16 +55,22 @@ def check_loads(kind: str, path: Path, records: Optional[ModelFacts]) -> None:
     crash). No child where Python cannot start one (a frozen app): the load is then unguarded."""
     if records is not None and records.get(kind, path, LOADED) is True:
         return
-    if not can_spawn_python():
+    if not child.can_spawn_python():
         return
-    rc, err = _run_child(kind, path)
-    if rc == 0:
+    outcome = _run_child(kind, path)
+    rc, said = outcome.rc, outcome.said
+    if rc == 0 and said == (PROVED_LOADED,):
         if records is not None:
             records.put(kind, path, LOADED, True)
         return
+    if rc == 0 and said == (PROVED_NONFINITE,):
+        raise ModelLoadError(
+            f"{path} is not a usable model: its weights give non-finite logits (corrupt or not "
+            "model data); prepare or download it again"
+        )
     if rc is not None and rc < 0:
         engine = "llama.cpp" if kind == "gguf" else "onnxruntime"
-        raise ModelLoadError(f"{engine} {_death(-rc)} while loading {path}: {_last_words(err)}")
+        raise ModelLoadError(f"{engine} {_death(-rc)} while loading {path}: {_last_words(outcome.stderr)}")
 
 
 def model_files(kind: str, path: Path) -> list[Path]:
@@ -85,19 +93,11 @@ def _timeout(kind: str, path: Path) -> float:
     return BASE_TIMEOUT_S + size / DISK_BYTES_PER_S
 
 
-def _run_child(kind: str, path: Path) -> tuple[Optional[int], bytes]:
-    """The child's exit status (negative: the signal that ended it; None: it did not finish in
-    time or did not start) and the tail of its stderr."""
-    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}  # no gdb attached to print a backtrace
-    cmd = [sys.executable, "-m", CHILD_MODULE, kind, str(path)]
-    try:
-        proc = subprocess.run(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            timeout=_timeout(kind, path), env=env,
-        )  # fmt: skip
-    except (subprocess.TimeoutExpired, OSError):
-        return None, b""
-    return proc.returncode, proc.stderr[-_STDERR_TAIL:]
+def _run_child(kind: str, path: Path) -> child.Outcome:
+    """The child's outcome: its exit status, what it proved, the tail of its stderr."""
+    env = {"GGML_NO_BACKTRACE": "1"}  # no gdb attached to print a backtrace
+    args = [kind, str(Path(path).absolute())]
+    return child.run(CHILD_MODULE, args, _timeout(kind, path), ENGINE_PACKAGES.get(kind, ()), env)
 
 
 def _death(sig: int) -> str:
@@ -119,11 +119,13 @@ def _last_words(err: bytes) -> str:
 
 
 # -- the child ------------------------------------------------------------------------------------
-def _gguf_child(path: str) -> int:
-    """Load the GGUF on the CPU, make a small context, decode one token (0: it ran)."""
+def _gguf_child(path: str, prove: Callable[[str], Any]) -> int:
+    """Load the GGUF on the CPU, make a small context, decode one token and prove whether its
+    logits are finite (0: it ran)."""
     import ctypes
 
     import llama_cpp
+    import numpy as np
 
     quiet = llama_cpp.llama_log_callback(lambda level, text, user: None)
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))  # only an abort's message reaches stderr
@@ -139,14 +141,19 @@ def _gguf_child(path: str) -> int:
     if not ctx:
         return 4
     vocab = llama_cpp.llama_model_get_vocab(model)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     bos = llama_cpp.llama_vocab_bos(vocab)
-    token = bos if 0 <= bos < llama_cpp.llama_vocab_n_tokens(vocab) else 0
+    token = bos if 0 <= bos < n_vocab else 0
     tokens = (llama_cpp.llama_token * 1)(token)
     first = ctypes.cast(tokens, ctypes.POINTER(llama_cpp.llama_token))
-    return 0 if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(first, 1)) == 0 else 5
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(first, 1)) != 0:
+        return 5
+    finite = np.isfinite(np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), shape=(n_vocab,))).all()
+    prove(PROVED_LOADED if finite else PROVED_NONFINITE)
+    return 0
 
 
-def _onnx_child(path: str) -> int:
+def _onnx_child(path: str, prove: Callable[[str], Any]) -> int:
     """Open the ONNX model and its tokenizer on the CPU (0: they opened)."""
     import onnxruntime
     import tokenizers
@@ -160,13 +167,12 @@ def _onnx_child(path: str) -> int:
             tokenizers.Tokenizer.from_file(str(tokenizer))
     except Exception:  # a clean refusal: the load in the parent reports it
         return 3
+    prove(PROVED_LOADED)
     return 0
 
 
-def _child(kind: str, path: str) -> int:
-    no_core_dump()  # a crash here is the answer: no core file or crash report for it
-    return _gguf_child(path) if kind == "gguf" else _onnx_child(path)
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1], sys.argv[2]))
+def main(argv: list[str], prove: Callable[[str], Any]) -> int:
+    """The child (runtime/backends/child.py runs it): argv is [KIND, PATH]."""
+    child.no_core_dump()  # a crash here is the answer: no core file or crash report for it
+    kind, path = argv
+    return _gguf_child(path, prove) if kind == "gguf" else _onnx_child(path, prove)

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..backend import Batch, Segments, VocabInfo, check_trained_context
+from ..backend import Batch, Segments, VocabInfo, check_model_file, check_trained_context
 from ..errors import ModelLoadError, MtadEdgeError
 from ..text.special import Special, SpecialTokens, tokenize
 from .amx import VerdictStore, amx_works
@@ -129,10 +129,12 @@ def uses_amx() -> bool:
 
 
 def _check_gguf_file(path: Path) -> None:
-    if not path.is_file():
-        raise ModelLoadError(f"model file not found: {path}")
-    with path.open("rb") as f:
-        magic = f.read(4)
+    check_model_file(path)
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"{path} cannot be read as a model file: {e.strerror or e}") from None
     if magic != b"GGUF":
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
 
@@ -230,6 +232,9 @@ class LlamaCppBackend:
         self._batch: Optional[_BatchBuffer] = None
         self._specials: Optional[SpecialTokens] = None
         self._rpc = config.rpc
+        # llama.cpp's calls on a model on rpc servers run with SIGINT/SIGTERM blocked: a signal in
+        # one of its receives aborts the process (runtime/backends/signal_shield.py); the guards hear it instead
+        self._shield = self._rpc.shielded if self._rpc is not None else contextlib.nullcontext
         _check_gguf_file(self.path)
         _check_layers(self.path)
         check_loads("gguf", self.path, config.model_facts)  # where llama.cpp aborts, a child dies, not us
@@ -260,7 +265,8 @@ class LlamaCppBackend:
             self.amx = len(amx_kinds(header)) if tiles or self.one_row else 0
         if amx and not (tiles or self.one_row):  # (with them off, AMX-named weights ran no faster than plain)
             mparams.use_extra_bufts = False
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        with self._shield():
+            self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             self._check_rpc("while the model loaded")  # a lost server explains the failure best
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {_Log.reason()}")
@@ -284,7 +290,8 @@ class LlamaCppBackend:
         self.flash_attn = flash_attention(config.flash_attn, cpu_alone, _head_sizes(llama_cpp, self._model)[0])
         if self.flash_attn is not None:
             cparams.flash_attn_type = int(self.flash_attn)
-        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        with self._shield():
+            self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {_Log.reason()}")
@@ -297,6 +304,7 @@ class LlamaCppBackend:
         self.n_params = int(llama_cpp.llama_model_n_params(self._model))  # the model's size, for reports
         self._batch = _BatchBuffer(llama_cpp, self.n_batch, self.n_seq_max)
         self._views: dict[tuple[int, int], np.ndarray] = {}  # logits views by (address, rows)
+        self._last: Optional[np.ndarray] = None  # the last logits returned (last_logits_finite)
         self._history: dict[int, list[int]] = {}  # seq -> tokens by position, for the re-prefill fallback
         self.rollback_fallbacks = 0
         try:
@@ -463,7 +471,8 @@ class LlamaCppBackend:
             if n_out and lo + self.n_batch < len(batch) and any(batch.logits[lo:hi]):
                 raise ValueError("logits may only be requested in the last n_batch rows of a batch")
             buf.fill(batch, lo, hi)
-            rc = self._lib.llama_decode(self._ctx, buf.batch)
+            with self._shield():
+                rc = self._lib.llama_decode(self._ctx, buf.batch)
             call = f"during a call of {hi - lo} row{'s' if hi - lo > 1 else ''}"
             self._check_rpc(call)
             if rc != 0:
@@ -478,7 +487,8 @@ class LlamaCppBackend:
                     hist.append(batch.tokens[i])
         if not n_out:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = self._lib.llama_get_logits(self._ctx)
+        with self._shield():
+            ptr = self._lib.llama_get_logits(self._ctx)
         # llama_decode returns before its outputs are fetched; llama_get_logits waits for them: a
         # server lost then left the guard's zeros here (token 0 is SmolLM2's end of text: a clean stop)
         self._check_rpc(call)
@@ -490,6 +500,7 @@ class LlamaCppBackend:
             view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
             view.flags.writeable = False  # llama.cpp's buffer: valid until the next decode
             self._views[key] = view
+        self._last = view
         return view
 
     def _decode_rows(self, batch: Batch, n_out: int) -> np.ndarray:
@@ -504,13 +515,26 @@ class LlamaCppBackend:
             if batch.logits[i]:
                 out[j] = logits[0]
                 j += 1
+        self._last = out
         return out
+
+    def last_logits_finite(self) -> bool:
+        """Whether the logits of the last call held no NaN or inf (asked where a run met some, to
+        name the model that gave them)."""
+        return self._last is None or bool(np.isfinite(self._last).all())
+
+    def logits_origin(self) -> str:
+        """Where this model's logits are computed, for an error about them."""
+        if self._rpc is not None:
+            return f"the rpc servers {', '.join(self._rpc.servers)}"
+        return "llama.cpp on this machine (a damaged model file, or a broken kernel of this build)"
 
     def held(self, seq: int) -> list[int]:
         return self._history.get(seq, [])
 
     def copy_seq(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        self._lib.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+        with self._shield():
+            self._lib.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
         s, d = self._history.get(src, []), self._history.setdefault(dst, [])
         lo, hi = max(p0, 0), (len(s) if p1 < 0 else p1)
         d[lo:hi] = s[lo:hi]
@@ -519,18 +543,22 @@ class LlamaCppBackend:
         hist = self._history.setdefault(seq, [])
         if n_keep >= len(hist):
             return
-        if self._lib.llama_memory_seq_rm(self._mem, seq, n_keep, -1):  # bool: may refuse
+        with self._shield():
+            kept = self._lib.llama_memory_seq_rm(self._mem, seq, n_keep, -1)  # bool: may refuse
+        if kept:
             del hist[n_keep:]
             return
         # Partial removal refused (e.g. recurrent state): clear the sequence, re-prefill the kept part.
         self.rollback_fallbacks += 1
         keep = hist[:n_keep]
-        self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        with self._shield():
+            self._lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
         hist.clear()
         self.decode(Batch.run(keep, 0, seq, logits="none"))
 
     def clear(self) -> None:
-        self._lib.llama_memory_clear(self._mem, True)
+        with self._shield():
+            self._lib.llama_memory_clear(self._mem, True)
         self._history.clear()
 
     def close(self) -> None:
@@ -542,10 +570,12 @@ class LlamaCppBackend:
             batch.close()
         ctx, self._ctx = self._ctx, None
         if ctx:
-            self._lib.llama_free(ctx)
+            with self._shield():
+                self._lib.llama_free(ctx)
         model, self._model = self._model, None
         if model:
-            self._lib.llama_model_free(model)
+            with self._shield():
+                self._lib.llama_model_free(model)
 
     def __enter__(self) -> LlamaCppBackend:
         return self

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..backend import Batch, Segments, VocabInfo, check_trained_context
+from ..backend import Batch, Segments, VocabInfo, check_model_file, check_trained_context
 from ..errors import ModelLoadError, MtadEdgeError, first_line, json_int, json_problem, quoted
 from ..text.chat import render
 from ..text.special import Special, SpecialTokens, tokenize
@@ -111,8 +111,9 @@ class OrtBackend:
         d = Path(model_dir)
         self.path = d / "model.onnx" if d.is_dir() else d
         d = self.path.parent
-        if not self.path.is_file():
+        if not self.path.exists() and not self.path.is_symlink():
             raise ModelLoadError(f"no ONNX model at {self.path}")
+        check_model_file(self.path)
         check_loads("onnx", self.path, config.model_facts)  # where onnxruntime crashes, a child dies, not us
         opts = ort.SessionOptions()
         if config.n_threads:

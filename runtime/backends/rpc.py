@@ -6,13 +6,21 @@ list devices) -> ``Guard`` (one per server: a relay on 127.0.0.1 that llama.cpp 
 
 Why a guard (read in ggml/src/ggml-rpc/ggml-rpc.cpp of the llama.cpp that llama-cpp-python 0.3.36
 vendors, RPC protocol 7.0.0): its client aborts the whole process (GGML_ABORT) where a connect or
-the hello fails and where any send or receive fails mid-call (RPC_STATUS_ASSERT, on its
-dispatcher thread), and it waits for a reply without a bound (no socket timeouts, a blocking
-connect). So each server is checked first (a connect and the hello, with short timeouts:
-``check_server``), and llama.cpp only ever connects to the server's guard, which forwards every
-call and, once the server is lost (closed, reset, a malformed reply, silent for REPLY_TIMEOUT_S),
-answers each later call itself with a well-formed reply so that llama.cpp's call returns; the
-backend then raises RpcError (``Placement.check``). The guard also counts the traffic per command.
+the hello fails and where any send or receive fails mid-call (RPC_STATUS_ASSERT), it takes what
+a reply holds on trust (a device count it loops over, a null or misaligned base address, a buffer
+smaller than asked for: each a GGML_ASSERT further on), and it waits for a reply without a bound
+(no socket timeouts, a blocking connect). A server is untrusted input, so each is checked first
+(a connect and the hello, within one deadline: ``check_server``), and llama.cpp only ever connects
+to the server's guard, which reads every reply whole (within a deadline for the whole reply, not
+for each piece) and checks what it holds where llama.cpp would assert on it (``Replies``; the
+floats of a tensor fetched must be finite) before llama.cpp sees a byte of it. Once the server is
+lost (closed, reset, a malformed or impossible reply, silent past its deadline), the guard answers
+each later call itself with a well-formed reply so that llama.cpp's call returns; the backend then
+raises RpcError (``Placement.check``). The guard also counts the traffic per command.
+
+Signals: llama.cpp's calls on the target run ``shielded`` (runtime/backends/signal_shield.py), so SIGINT and
+SIGTERM never interrupt its receives; the signal watcher tells every open placement, whose guards
+give a waiting call INTERRUPT_GRACE_S to be answered and then answer it themselves.
 """
 
 from __future__ import annotations
@@ -21,24 +29,37 @@ import contextlib
 import ctypes
 import enum
 import itertools
+import signal
 import socket
 import struct
 import threading
+import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
+
 from ..errors import RpcError, quoted
 from .amx import mapped_libraries
+from .signal_shield import shielded, watcher
 
 PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION (ggml-rpc.h) this module parses and llama.cpp speaks
 MAX_SERVERS = 16  # GGML_RPC_MAX_SERVERS
 CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE: transport upgrades (RDMA) offered in the hello; sent as zeros: TCP only
 CONNECT_TIMEOUT_S = 5.0  # a connect to a server (llama.cpp's own would wait for the kernel's ~2 minutes)
-HELLO_TIMEOUT_S = 5.0  # its hello reply; a server busy with another client accepts but does not answer
-# A call's reply (or a send's progress) may take this long: a server computes a whole ubatch before
+# The whole check of a server, and each hello through a guard: a server busy with another client
+# accepts but does not answer, and one that trickles its replies a byte at a time is as useless.
+HELLO_TIMEOUT_S = 5.0
+# A call's whole reply (or a whole send) may take this long: a server computes a whole ubatch before
 # it answers, minutes for a big model on a slow host; a dead host is found sooner by TCP keepalive.
 REPLY_TIMEOUT_S = 120.0
+INTERRUPT_GRACE_S = 2.0  # after SIGINT/SIGTERM, a call waiting on a server gets this long, then is answered here
+MAX_DEVICES = 15  # GGML_SCHED_MAX_BACKENDS (16) less the CPU's: llama.cpp asserts on more devices
+ALIGNMENT_MAX = 1 << 20  # the largest buffer alignment taken from a server (devices use 32 to 4096)
+ALLOC_MAX = 1 << 50  # the largest buffer or tensor size taken from a server (1 PiB): sums of them never wrap
+GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1  # the float tensors a fetch is checked for non-finite numbers
 KEEPALIVE = (10, 5, 3)  # idle s, interval s, probes: a silent dead host found within ~25 s
 CHUNK = 1 << 20  # bytes relayed at a time (weights go out in tensors of up to hundreds of MB)
 FAKE_BUFFER = 0x1_0000_0000  # the handles of buffers a lost server never allocated (non-zero: valid)
@@ -94,17 +115,24 @@ FALLBACK: dict[int, bytes] = {Cmd.BUFFER_GET_BASE: struct.pack("<Q", FAKE_BASE),
 
 # -- endpoints ---------------------------------------------------------------------------------
 def parse_endpoints(value: Any, what: str = "rpc") -> tuple[str, ...]:
-    """``HOST:PORT[,HOST:PORT...]`` (or a list of them) as a tuple of endpoints, checked: a port in
-    1..65535, at most MAX_SERVERS, none twice. An IPv6 host is written in brackets: [::1]:50052."""
+    """``HOST:PORT[,HOST:PORT...]`` (or a list of them) as a tuple of endpoints, checked: a port of
+    ASCII digits in 1..65535, at most MAX_SERVERS, none twice (as written: a host's case and a
+    port's leading zeros do not make another; ``Placement.open`` also compares the addresses they
+    reach). An IPv6 host is written in brackets: [::1]:50052. Each comes back as ``host:port``,
+    the host in lower case and the port without leading zeros."""
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
         raise RpcError(f"{what} must be HOST:PORT[,HOST:PORT...] or a list of HOST:PORT, got {quoted(value)}")
-    out = tuple(i.strip() for i in items)
-    for endpoint in out:
+    out = []
+    for item in items:
+        endpoint = item.strip()
         host, _, port = endpoint.rpartition(":")
-        ok = host.strip("[]") and host.isprintable() and not any(c.isspace() for c in host)
-        if not ok or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise RpcError(f"{what}: {quoted(endpoint)} is not HOST:PORT (a port in 1..65535)")
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        ok = bare and host.isprintable() and not any(c.isspace() or c in "[]" for c in bare)
+        ok = ok and (":" not in bare or bare != host)  # an IPv6 host in brackets
+        if not ok or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+            raise RpcError(f"{what}: {quoted(endpoint)} is not HOST:PORT (a port of digits 0-9 in 1..65535)")
+        out.append(_endpoint(bare.lower(), int(port)))
     if not out:
         raise RpcError(f"{what} names no server")
     if len(out) > MAX_SERVERS:
@@ -112,7 +140,11 @@ def parse_endpoints(value: Any, what: str = "rpc") -> tuple[str, ...]:
     twice = next((e for i, e in enumerate(out) if e in out[:i]), None)
     if twice is not None:
         raise RpcError(f"{what} names {twice} twice")
-    return out
+    return tuple(out)
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _address(endpoint: str) -> tuple[str, int]:
@@ -120,16 +152,99 @@ def _address(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+# -- what a server's replies may hold ----------------------------------------------------------
+class Replies:
+    """What a server's replies may hold, checked where llama.cpp would assert on them (or loop
+    over them), with what its earlier replies said: the device count of its check, each device's
+    alignment, the buffers it allocated. ``problem`` names what is wrong with a reply (None: it
+    is fine); ``sent`` follows the requests that change what is known (a buffer freed)."""
+
+    def __init__(self) -> None:
+        self.devices: Optional[int] = None
+        self.alignment: dict[int, int] = {}
+        self.buffers: dict[int, tuple[int, int]] = {}  # remote pointer -> (device, size)
+
+    def sent(self, cmd: int, request: bytes) -> None:
+        if cmd == Cmd.FREE_BUFFER and len(request) == 8:
+            self.buffers.pop(struct.unpack("<Q", request)[0], None)
+
+    def problem(self, cmd: int, request: bytes, reply: bytes) -> Optional[str]:
+        if cmd == Cmd.HELLO:
+            major, minor, patch = reply[0], reply[1], reply[2]
+            if major != PROTOCOL[0] or minor > PROTOCOL[1]:
+                return f"a hello of RPC protocol {major}.{minor}.{patch}"
+        elif cmd == Cmd.DEVICE_COUNT:
+            (n,) = struct.unpack("<I", reply)
+            if not 1 <= n <= MAX_DEVICES:
+                return f"a count of {n} devices (llama.cpp takes 1..{MAX_DEVICES})"
+            if self.devices is not None and n != self.devices:
+                return f"a count of {n} devices, {self.devices} at its check"
+            self.devices = n
+        elif cmd in (Cmd.GET_ALIGNMENT, Cmd.GET_MAX_SIZE, Cmd.GET_DEVICE_MEMORY) and len(request) == 4:
+            return self._device(cmd, struct.unpack("<I", request)[0], reply)
+        elif cmd == Cmd.ALLOC_BUFFER and len(request) == 12:
+            device, size = struct.unpack("<IQ", request)
+            pointer, given = struct.unpack("<QQ", reply)
+            if pointer and not size <= given <= ALLOC_MAX:
+                return f"a buffer of {given} bytes for {size}"
+            if pointer:
+                self.buffers[pointer] = (device, given)
+        elif cmd == Cmd.BUFFER_GET_BASE and len(request) == 8:
+            (base,) = struct.unpack("<Q", reply)
+            device, size = self.buffers.get(struct.unpack("<Q", request)[0], (-1, 0))
+            align = self.alignment.get(device, 1)
+            if not base or base % align or base + size >= 1 << 64:
+                why = "null" if not base else f"not aligned to {align}" if base % align else "ending past 2^64"
+                return f"a buffer base address {why} ({base:#x})"
+        elif cmd == Cmd.GET_ALLOC_SIZE:
+            (size,) = struct.unpack("<Q", reply)
+            if size > ALLOC_MAX:
+                return f"a tensor size of {size} bytes"
+        elif cmd in (Cmd.SET_TENSOR_HASH, Cmd.COPY_TENSOR):
+            if reply[0] > 1:
+                return f"a yes-or-no of {reply[0]}"
+        elif cmd == Cmd.GET_TENSOR and len(request) >= 12:
+            (kind,) = struct.unpack_from("<I", request, 8)  # rpc_tensor: id (8 bytes), then its type
+            dtype = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16}.get(kind)
+            if dtype is not None:
+                values = np.frombuffer(reply, dtype=dtype, count=len(reply) // np.dtype(dtype).itemsize)
+                if not np.isfinite(values).all():
+                    return "non-finite numbers (NaN or inf) in a tensor it computed (logits or activations)"
+        return None
+
+    def _device(self, cmd: int, device: int, reply: bytes) -> Optional[str]:
+        if self.devices is not None and device >= self.devices:
+            return None  # llama.cpp asks only of the devices the count gave: the server answers what it will
+        if cmd == Cmd.GET_ALIGNMENT:
+            (align,) = struct.unpack("<Q", reply)
+            if not 0 < align <= ALIGNMENT_MAX or align & (align - 1):
+                return f"an alignment of {align} for device {device} (a power of two up to {ALIGNMENT_MAX})"
+            if self.alignment.setdefault(device, align) != align:
+                return f"an alignment of {align} for device {device}, {self.alignment[device]} before"
+        elif cmd == Cmd.GET_MAX_SIZE:
+            (most,) = struct.unpack("<Q", reply)
+            if not most:
+                return f"a largest buffer of 0 bytes for device {device}"
+        else:
+            free, total = struct.unpack("<QQ", reply)
+            if free > total:
+                return f"{free} bytes free of {total} on device {device}"
+        return None
+
+
 # -- one server: the check before use ---------------------------------------------------------
 @dataclass(frozen=True)
 class ServerInfo:
-    """A server as its check found it: protocol version, devices' (free, total) memory, and the
-    replies a guard gives again once it is lost (``kept``: (command, request) -> reply)."""
+    """A server as its check found it: protocol version, devices' (free, total) memory, the address
+    it was reached at, and the replies a guard gives again once it is lost (``kept``: (command,
+    request) -> reply) with what they said (``replies``: alignments, device count)."""
 
     endpoint: str
     version: tuple[int, int, int]
     memory: tuple[tuple[int, int], ...]
     kept: dict[tuple[int, bytes], bytes] = field(repr=False)
+    address: tuple[str, int] = ("", 0)
+    replies: Replies = field(default_factory=Replies, repr=False)
 
     def describe(self) -> str:
         free = sum(f for f, _ in self.memory)
@@ -139,8 +254,9 @@ class ServerInfo:
 
 def check_server(endpoint: str) -> ServerInfo:
     """Connect to ``endpoint`` and ask what llama.cpp will ask first (hello, devices, their
-    alignment, sizes and memory), with short timeouts; an unreachable server, a refused connection,
-    a busy or silent one and another protocol version are each a one-line RpcError."""
+    alignment, sizes and memory), all within HELLO_TIMEOUT_S of the connect; an unreachable server,
+    a refused connection, a busy, silent or slow one, another protocol version and replies llama.cpp
+    would assert on are each a one-line RpcError."""
     host, port = _address(endpoint)
     try:
         sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
@@ -155,11 +271,18 @@ def check_server(endpoint: str) -> ServerInfo:
     except OSError as e:
         raise RpcError(f"rpc server {endpoint}: cannot connect ({e.strerror or e})") from None
     with sock:
-        sock.settimeout(HELLO_TIMEOUT_S)
+        address = sock.getpeername()[:2]
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
         kept: dict[tuple[int, bytes], bytes] = {}
+        replies = Replies()
 
         def ask(cmd: Cmd, request: bytes = b"") -> bytes:
-            reply = _call(sock, endpoint, cmd, request)
+            reply = _call(sock, endpoint, cmd, request, deadline)
+            problem = replies.problem(cmd, request, reply)
+            if problem is not None and cmd == Cmd.DEVICE_COUNT and reply == bytes(4):
+                raise RpcError(f"rpc server {endpoint} offers no devices")
+            if problem is not None and cmd != Cmd.HELLO:
+                raise RpcError(f"rpc server {endpoint} answered {cmd.name} with {problem}: not a server to use")
             kept[(int(cmd), request)] = reply
             return reply
 
@@ -172,24 +295,42 @@ def check_server(endpoint: str) -> ServerInfo:
             )
         kept[(int(Cmd.HELLO), bytes(CONN_CAPS))] = hello[:4] + bytes(CONN_CAPS)
         (count,) = struct.unpack("<I", ask(Cmd.DEVICE_COUNT))
-        if not count:
-            raise RpcError(f"rpc server {endpoint} offers no devices")
         memory = []
         for device in range(count):
             request = struct.pack("<I", device)
             ask(Cmd.GET_ALIGNMENT, request)
             ask(Cmd.GET_MAX_SIZE, request)
             memory.append(struct.unpack("<QQ", ask(Cmd.GET_DEVICE_MEMORY, request)))
-    return ServerInfo(endpoint, version, tuple((int(f), int(t)) for f, t in memory), kept)
+    memory_ = tuple((int(f), int(t)) for f, t in memory)
+    return ServerInfo(endpoint, version, memory_, kept, (str(address[0]), int(address[1])), replies)
 
 
-def _call(sock: socket.socket, endpoint: str, cmd: Cmd, request: bytes) -> bytes:
+def check_servers(endpoints: Sequence[str]) -> list[ServerInfo]:
+    """Every server checked (``check_server``), and none reached twice under two names
+    (127.0.0.1:P and localhost:P are one server, which serves one client at a time), nor more
+    devices in all than llama.cpp takes."""
+    infos: list[ServerInfo] = []
+    for endpoint in endpoints:
+        info = check_server(endpoint)
+        same = next((i for i in infos if i.address == info.address), None)
+        if same is not None:
+            where = _endpoint(*info.address)
+            raise RpcError(f"rpc names one server twice: {same.endpoint} and {endpoint} both reach {where}")
+        infos.append(info)
+    devices = sum(len(i.memory) for i in infos)
+    if devices > MAX_DEVICES:
+        raise RpcError(f"the rpc servers offer {devices} devices in all; llama.cpp takes at most {MAX_DEVICES}")
+    return infos
+
+
+def _call(sock: socket.socket, endpoint: str, cmd: Cmd, request: bytes, deadline: float) -> bytes:
     """One call of the check, its failures in words."""
     try:
+        sock.settimeout(max(0.0, deadline - time.monotonic()))
         sock.sendall(bytes([cmd]) + struct.pack("<Q", len(request)) + request)
-        head = _read(sock, 8)
+        head = _read(sock, 8, deadline)
         size = None if head is None else struct.unpack("<Q", head)[0]
-        reply = _read(sock, REPLY[cmd]) if size == REPLY[cmd] else None
+        reply = _read(sock, REPLY[cmd], deadline) if size == REPLY[cmd] else None
     except ConnectionError:  # reset: it closed without reading all we sent
         reply = None
     except TimeoutError:
@@ -208,15 +349,20 @@ def _call(sock: socket.socket, endpoint: str, cmd: Cmd, request: bytes) -> bytes
     return reply
 
 
-def _read(sock: socket.socket, n: int) -> Optional[bytes]:
-    """Exactly ``n`` bytes, or None where the peer closed first."""
+def _read(sock: socket.socket, n: int, deadline: Optional[float] = None) -> Optional[bytes]:
+    """Exactly ``n`` bytes, or None where the peer closed first; with a ``deadline`` (a
+    time.monotonic() second), TimeoutError where they are not all in by then, however they trickle."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None:
+            sock.settimeout(max(1e-3, deadline - time.monotonic()))
         k = sock.recv_into(view[got:], min(n - got, CHUNK))
         if not k:
             return None
         got += k
+        if deadline is not None and got < n and time.monotonic() >= deadline:
+            raise TimeoutError
     return bytes(buf)
 
 
@@ -224,18 +370,25 @@ def _read(sock: socket.socket, n: int) -> Optional[bytes]:
 class Guard:
     """A relay on 127.0.0.1 for one checked server: llama.cpp connects here, each of its
     connections gets one to the server, and every call goes through (counted in ``traffic``:
-    command -> [calls, bytes sent, bytes received]). Once the server is lost, ``lost`` says how
-    and every later call is answered here (see the module's docstring)."""
+    command -> [calls, bytes sent, bytes received]), each reply read whole and checked first.
+    Once the server is lost, ``lost`` says how and every later call is answered here (see the
+    module's docstring); ``interrupted`` names the signal that cut a call short."""
 
     def __init__(self, server: ServerInfo):
         self.server = server
         self.reply_timeout = REPLY_TIMEOUT_S
         self.lost: Optional[str] = None
+        self.interrupted: Optional[str] = None  # the last signal heard (runtime/backends/signal_shield.py)
+        self.cut = False  # a call was cut short after it (``lost`` says which)
         self.traffic: dict[str, list[int]] = {}
         self._kept = dict(server.kept)
+        self._replies = server.replies
         self._buffers = itertools.count(FAKE_BUFFER)
         self._closed = False
         self._upstreams: set[socket.socket] = set()
+        self._waiting: dict[socket.socket, int] = {}  # a server's connection -> the call waiting on it
+        self._calls = itertools.count(1)
+        self._cut: set[socket.socket] = set()  # connections cut after a signal's grace
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=8)
         self.endpoint = f"127.0.0.1:{self._listener.getsockname()[1]}"
@@ -250,6 +403,30 @@ class Guard:
             ups, self._upstreams = list(self._upstreams), set()
         for up in ups:
             up.close()
+
+    def interrupt(self, name: str, grace: float = INTERRUPT_GRACE_S) -> None:
+        """A signal arrived: each call now waiting on the server has ``grace`` seconds to be
+        answered; one that is not is cut off and answered here, so llama.cpp's call returns (a
+        second signal cuts at once)."""
+        again = self.interrupted is not None
+        self.interrupted = name
+        waiting = dict(self._waiting)
+        if not waiting:
+            return
+
+        def cut() -> None:
+            for up, call in waiting.items():
+                if self._waiting.get(up) == call:
+                    self._cut.add(up)
+                    with contextlib.suppress(OSError):
+                        up.shutdown(socket.SHUT_RDWR)
+
+        if again:
+            cut()
+            return
+        timer = threading.Timer(grace, cut)
+        timer.daemon = True
+        timer.start()
 
     def _lose(self, reason: str) -> None:
         with self._lock:
@@ -269,7 +446,7 @@ class Guard:
         if self.lost is not None or self._closed:
             return None
         try:
-            up = socket.create_connection(_address(self.server.endpoint), timeout=CONNECT_TIMEOUT_S)
+            up = socket.create_connection(self.server.address, timeout=CONNECT_TIMEOUT_S)
         except OSError as e:
             self._lose(f"refused a new connection ({e.strerror or e})")
             return None
@@ -280,34 +457,39 @@ class Guard:
             self._upstreams.add(up)
         return up
 
-    def _drop(self, up: socket.socket, reason: str) -> None:
-        """The server lost, on ``up``."""
+    def _drop(self, up: socket.socket, reason: str, cmd: int) -> None:
+        """The server lost, on ``up`` (``reason``, unless a signal cut it off)."""
+        if up in self._cut:
+            self.cut = True
+            reason = f"had not answered {_name(cmd)} within {INTERRUPT_GRACE_S:g} s of the signal"
         self._lose(reason)
         self._forget(up)
 
     def _forget(self, up: socket.socket) -> None:
         with self._lock:
             self._upstreams.discard(up)
+        self._waiting.pop(up, None)
         up.close()
 
     def _count(self, cmd: int, sent: int, received: int, call: int = 0) -> None:
-        name = Cmd(cmd).name if cmd in Cmd._value2member_map_ else str(cmd)
-        row = self.traffic.setdefault(name, [0, 0, 0])
+        row = self.traffic.setdefault(_name(cmd), [0, 0, 0])
         row[0] += call
         row[1] += sent
         row[2] += received
 
     def _send(self, up: Optional[socket.socket], cmd: int, data: bytes) -> Optional[socket.socket]:
-        """``data`` to the server; the server's connection, or None once it is lost."""
+        """``data`` to the server (the whole of it within the reply bound); the server's
+        connection, or None once it is lost."""
         if up is None:
             return None
         try:
+            up.settimeout(self.reply_timeout)  # sendall's timeout bounds the whole send
             up.sendall(data)
         except TimeoutError:
-            self._drop(up, f"took no data for {self.reply_timeout:g} s")
+            self._drop(up, f"took no data for {self.reply_timeout:g} s", cmd)
             return None
         except OSError as e:
-            self._drop(up, f"dropped the connection ({e.strerror or e})")
+            self._drop(up, f"dropped the connection ({e.strerror or e})", cmd)
             return None
         self._count(cmd, len(data), 0)
         return up
@@ -324,6 +506,8 @@ class Guard:
                 cmd, size = head[0], struct.unpack("<Q", head[1:])[0]
                 want = REPLY.get(cmd)
                 self._count(cmd, 0, 0, call=1)
+                if up is not None:
+                    self._waiting[up] = next(self._calls)  # until it is sent (and answered): see interrupt
                 if want is None and size > CHUNK:  # a tensor's data: relayed as it comes
                     up = self._send(up, cmd, head)
                     for lo in range(0, size, CHUNK):
@@ -331,18 +515,21 @@ class Guard:
                         if part is None:
                             return
                         up = self._send(up, cmd, part)
+                    self._done(up)
                     continue
                 request = _read(client, size)
                 if request is None:
                     return
                 if cmd == Cmd.HELLO and size == CONN_CAPS:
                     request = bytes(CONN_CAPS)  # TCP only: an upgraded transport would bypass the guard
+                self._replies.sent(cmd, request)
                 up = self._send(up, cmd, head + request)
                 if want is not None:
                     if cmd == Cmd.GET_TENSOR:
                         want = struct.unpack("<Q", request[-8:])[0]
                     reply, up = self._reply(up, cmd, request, want)
                     client.sendall(struct.pack("<Q", len(reply)) + reply)
+                self._done(up)
         except OSError:
             return  # llama.cpp's side closed mid-call: it lets the connection go
         finally:
@@ -350,32 +537,44 @@ class Guard:
             if up is not None:
                 self._forget(up)
 
+    def _done(self, up: Optional[socket.socket]) -> None:
+        if up is not None:
+            self._waiting.pop(up, None)
+
     def _reply(
         self, up: Optional[socket.socket], cmd: int, request: bytes, want: int
     ) -> tuple[bytes, Optional[socket.socket]]:
-        """The server's reply of ``want`` bytes, else (the server lost) one given here."""
-        name = Cmd(cmd).name
+        """The server's reply of ``want`` bytes, read whole within its bound and checked, else (the
+        server lost) one given here."""
+        name = _name(cmd)
         if up is not None:
+            bound = HELLO_TIMEOUT_S if cmd == Cmd.HELLO else self.reply_timeout
+            deadline = time.monotonic() + bound
             try:
-                head = _read(up, 8)
+                head = _read(up, 8, deadline)
                 size = None if head is None else struct.unpack("<Q", head)[0]
-                reply = _read(up, want) if size == want else None
+                reply = _read(up, want, deadline) if size == want else None
             except TimeoutError:
-                self._drop(up, f"gave no reply to {name} within {self.reply_timeout:g} s")
+                busy = " (it serves one client at a time: is another using it?)" if cmd == Cmd.HELLO else ""
+                self._drop(up, f"gave no reply to {name} within {bound:g} s{busy}", cmd)
                 up = None
             except OSError as e:
-                self._drop(up, f"dropped the connection ({e.strerror or e})")
+                self._drop(up, f"dropped the connection ({e.strerror or e})", cmd)
                 up = None
             else:
                 if reply is not None:
                     self._count(cmd, 0, 8 + want)
-                    if cmd == Cmd.HELLO:
-                        reply = reply[:4] + bytes(CONN_CAPS)
-                    if cmd in KEPT:
-                        self._kept[(cmd, request)] = reply
-                    return reply, up
-                what = "closed the connection" if size is None or size == want else f"answered {name} malformed"
-                self._drop(up, what)
+                    problem = self._replies.problem(cmd, request, reply)
+                    if problem is None:
+                        if cmd == Cmd.HELLO:
+                            reply = reply[:4] + bytes(CONN_CAPS)
+                        if cmd in KEPT:
+                            self._kept[(cmd, request)] = reply
+                        return reply, up
+                    self._drop(up, f"answered {name} with {problem}", cmd)
+                else:
+                    malformed = size is not None and size != want
+                    self._drop(up, f"answered {name} malformed" if malformed else "closed the connection", cmd)
                 up = None
         return self._given(cmd, request, want), up
 
@@ -387,6 +586,10 @@ class Guard:
         if cmd == Cmd.ALLOC_BUFFER:
             return struct.pack("<QQ", next(self._buffers), struct.unpack("<IQ", request)[1])
         return FALLBACK.get(cmd, bytes(want))
+
+
+def _name(cmd: int) -> str:
+    return Cmd(cmd).name if cmd in Cmd._value2member_map_ else str(cmd)
 
 
 def _stop_listening(listener: socket.socket) -> None:
@@ -515,28 +718,50 @@ class Placement:
         self._array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
         self.devices = ctypes.addressof(self._array)
         self.n_devices = len(devices)
+        _OPEN.add(self)
+        watcher.listen(self)  # a signal reaches the guards at once (runtime/backends/signal_shield.py)
 
     @classmethod
     def open(cls, servers: Iterable[str], library: Optional[str]) -> Placement:
-        """Check every server (one-line RpcError for the first that cannot serve), then put a
-        guard in front of each and add it to llama.cpp (``library``: the RPC backend to load where
-        llama.cpp has none built in)."""
+        """Check every server (one-line RpcError for the first that cannot serve, or for one
+        named twice), then put a guard in front of each and add it to llama.cpp (``library``: the
+        RPC backend to load where llama.cpp has none built in)."""
         registry = _registry()
         registry.load(library)
-        infos = [check_server(s) for s in servers]
+        infos = check_servers(list(servers))
         guards: list[Guard] = []
         try:
-            devices: list[int] = []
-            for info in infos:
-                guards.append(Guard(info))
-                devices += registry.add_server(guards[-1].endpoint)
-            placement = cls(guards, devices + registry.local_gpus())
+            with shielded():  # llama.cpp's hellos; the guards' threads inherit the mask
+                devices: list[int] = []
+                for info in infos:
+                    guards.append(Guard(info))
+                    devices += registry.add_server(guards[-1].endpoint)
+                local = registry.local_gpus()
+            if len(devices) + len(local) > MAX_DEVICES:
+                raise RpcError(
+                    f"the rpc servers' {len(devices)} devices and this machine's {len(local)} GPUs are more than "
+                    f"llama.cpp takes ({MAX_DEVICES})"
+                )
+            placement = cls(guards, devices + local)
             placement.check("as llama.cpp asked for its devices")
             return placement
         except BaseException:
             for g in guards:
                 g.close()
             raise
+
+    @staticmethod
+    def shielded() -> contextlib.AbstractContextManager[None]:
+        """Where llama.cpp calls the target's servers: SIGINT and SIGTERM reach the guards, never
+        llama.cpp's receives (runtime/backends/signal_shield.py)."""
+        return shielded()
+
+    def interrupted(self, signum: int) -> None:
+        """A signal arrived (the signal watcher's thread): each guard gives its waiting calls a
+        grace, then answers them."""
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+        for g in self.guards:
+            g.interrupt(name)
 
     @property
     def servers(self) -> tuple[str, ...]:
@@ -553,6 +778,8 @@ class Placement:
                 told = g in self._told
                 self._told.add(g)
                 what = f"was lost before ({g.lost})" if told else f"{g.lost} {when}"
+                if g.cut and not told:
+                    raise RpcError(f"interrupted ({g.interrupted}) {when}: rpc server {g.server.endpoint} {g.lost}")
                 raise RpcError(
                     f"rpc server {g.server.endpoint} {what}: the target's layers were there; "
                     "load the model again once the server runs"
@@ -570,5 +797,16 @@ class Placement:
         return out
 
     def close(self) -> None:
+        _OPEN.discard(self)
         for g in self.guards:
             g.close()
+
+
+_OPEN: weakref.WeakSet[Placement] = weakref.WeakSet()  # the placements open in this process
+
+
+def interrupt_all(signum: int) -> None:
+    """Tell every open placement of a signal (``mtad-edge serve`` does, as it stops: its model
+    runs in worker threads, while the main thread takes the signals)."""
+    for placement in list(_OPEN):
+        placement.interrupted(signum)

@@ -18,7 +18,7 @@ import numpy as np
 from ..backend import Backend, TokenIds, feed
 from ..drafting.base import Draft
 from ..rules.repeats import Seen
-from ..rules.sampling import Columns, Filter, KeptRows, sample_logits
+from ..rules.sampling import Columns, Filter, KeptRows, argmax, sample_logits
 from ..rules.verify import greedy_accept_length
 from ..text.constraint import Matcher
 
@@ -146,7 +146,7 @@ def target_columns(run: StepView, draft: np.ndarray, *also: KeptRows) -> tuple[C
 def greedy_step(run: StepView, draft: Draft) -> StepResult:
     """Temperature 0, one drafted path (sd, mtad): the drafted tokens up to the first that is not
     the target's argmax, then the target's own token there."""
-    top, call = target_call(run, lambda logits: np.argmax(logits, axis=-1), draft.tokens)  # p is one-hot
+    top, call = target_call(run, argmax, draft.tokens)  # p is one-hot
     k = greedy_accept_length(draft.tokens, top)
     return StepResult([*map(int, draft.tokens[:k]), int(top[k])], k, calls=[call])
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..backend import Backend, Batch
 from ..drafting.base import Draft
 from ..drafting.beams import beam_cells, beam_slots
-from ..rules.sampling import Columns, KeptRows, sample
+from ..rules.sampling import Columns, KeptRows, argmax, sample
 from ..rules.tree import TokenTree, greedy_tree_accept, mmtad_accept
 from ..rules.verify import greedy_accept_length, mtad_accept_length
 from .base import Call, Layout, Method, StepResult, StepView, plain_step, repeat_bars
@@ -46,7 +46,7 @@ class MMTAD(Method):
             logits = run.constraint.apply(logits, [(), *tree.paths()])
         greedy = run.sampling.greedy  # p one-hot: each row's argmax is all a rule needs
         if greedy:
-            p = np.argmax(logits, axis=-1)
+            p = argmax(logits)
         else:
             cols = Columns.shared(paths, KeptRows.of(logits, run.sampling))
             (p,) = cols.rows

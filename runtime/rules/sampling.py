@@ -15,6 +15,8 @@ from typing import Optional, Protocol
 
 import numpy as np
 
+from ..errors import NonFiniteLogits
+
 NEG_INF = -np.inf
 
 
@@ -43,6 +45,24 @@ class RankAt1:
     top_p: float
     temperature: float = 1.0
     greedy: bool = False
+
+
+def finite(values: np.ndarray, best: Optional[np.ndarray] = None) -> None:
+    """NonFiniteLogits where ``values`` (logits that a read of raw rows found anyway: each row's
+    group maxima, its top-k entries, its argmax) hold NaN or +inf, or where ``best`` (each row's
+    best logit) is not finite: -inf is a token a model rules out, a row of nothing but -inf is
+    broken. A plain step pays a few microseconds for it, never a pass over the vocabulary."""
+    if not (values < np.inf).all() or (best is not None and not np.isfinite(best).all()):  # NaN compares false
+        raise NonFiniteLogits("a model gave non-finite logits (NaN or inf)")
+
+
+def argmax(logits: np.ndarray) -> np.ndarray:
+    """``np.argmax`` along the last axis of raw logits, checked: NaN and +inf are argmax's pick, so
+    a row that holds one (or is all -inf) is NonFiniteLogits, never a token."""
+    top = np.asarray(np.argmax(logits, axis=-1))
+    best = np.take_along_axis(logits, np.expand_dims(top, -1), axis=-1)
+    finite(best, best)
+    return top
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -87,9 +107,11 @@ def filtered_logprobs(logits: np.ndarray, cfg: Filter) -> np.ndarray:
     logits = np.asarray(logits)
     if cfg.greedy:
         out = np.full(logits.shape, NEG_INF)
-        np.put_along_axis(out, np.argmax(logits, axis=-1)[..., None], 0.0, axis=-1)
+        np.put_along_axis(out, argmax(logits)[..., None], 0.0, axis=-1)
         return out
     if not 0 < cfg.top_k < logits.shape[-1]:
+        best = logits.max(axis=-1)  # the whole row is read anyway; NaN reaches the maximum
+        finite(best, best)
         return _nucleus(log_softmax(logits.astype(np.float64) / cfg.temperature), cfg.top_p)
     return KeptRows(*_top_k(logits, cfg), logits.shape[-1]).dense()
 
@@ -182,9 +204,16 @@ def _top_ids(logits: np.ndarray, k: int) -> np.ndarray:
     v = logits.shape[-1]
     per_group = v // TOP_K_GROUPS
     if per_group < 2 or 2 * k > TOP_K_GROUPS:  # short rows, or a top-k the bound would hardly cut
-        return _argpartition_top(logits, k)
+        ids = _argpartition_top(logits, k)
+        values = np.take_along_axis(logits, ids, axis=-1)  # NaN and +inf sort last: among the top
+        finite(values, values.max(axis=-1))
+        return ids
     groups = logits[..., : per_group * TOP_K_GROUPS].reshape((*logits.shape[:-1], per_group, TOP_K_GROUPS))
-    bounds = np.partition(groups.max(axis=-2), TOP_K_GROUPS - k, axis=-1)[..., TOP_K_GROUPS - k]
+    maxima = groups.max(axis=-2)  # NaN and +inf anywhere in a group reach its maximum
+    tail = logits[..., per_group * TOP_K_GROUPS :]  # past the last whole group (under 384 entries)
+    finite(maxima, np.maximum(maxima.max(axis=-1), tail.max(axis=-1, initial=-np.inf)))
+    finite(tail)
+    bounds = np.partition(maxima, TOP_K_GROUPS - k, axis=-1)[..., TOP_K_GROUPS - k]
     if logits.ndim == 1:  # a plain step's row
         return _top_at_or_above(logits, bounds, k)
     rows = zip(logits.reshape(-1, v), bounds.reshape(-1))
@@ -230,7 +259,7 @@ def sample_logits(logits: np.ndarray, cfg: Filter, rng: np.random.Generator) -> 
     logits = np.asarray(logits)
     v = logits.shape[-1]
     if cfg.greedy:
-        return int(np.argmax(logits))
+        return int(argmax(logits))
     if not 0 < cfg.top_k < v:
         return sample(filtered_logprobs(logits, cfg), rng)
     if cfg.top_k <= FEW_KEPT:

@@ -18,6 +18,7 @@ Segment = tuple[str, bool]  # text, and whether special tokens written in it are
 
 # A template's `*` may repeat a string or list into at most this many items: real templates
 # repeat a few spaces, and a template that asks for gigabytes is not one (a model file is untrusted).
+ROLES = ("system", "user", "assistant")  # the roles a message may have (the templates know no others)
 REPEAT_MAX = 1 << 20
 POWER_MAX = 64  # `**` exponents a template may use: big-integer powers only burn CPU
 
