@@ -11,7 +11,16 @@ from . import drafting, methods
 from .errors import OptionError
 from .options import AUTO, OPTIONS, check, default
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+)
 DECODE_FIELDS = (
     "method",
     "max_tokens",
@@ -23,7 +32,7 @@ DECODE_FIELDS = (
     "drafter",
     "verify",
     "no_repeat",
-    "repeat_penalty",
+    "repeat_bar",
     "accept_threshold",
     "draft_ahead",
     "seed",
@@ -32,11 +41,17 @@ DECODE_FIELDS = (
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Temperature, top-k and top-p (sampling.Filter), checked by the option table."""
+    """Temperature, top-k, top-p and min-p (rules/sampling.py's Filter), and the penalties on
+    recent tokens (rules/shape.py), checked by the option table."""
 
     temperature: float = default("temperature")
     top_k: int = default("top_k")  # 0 disables
     top_p: float = default("top_p")  # 1.0 disables
+    min_p: float = default("min_p")  # 0 disables
+    repeat_penalty: float = default("repeat_penalty")  # llama.cpp's, over the last repeat_last_n tokens (1: off)
+    repeat_last_n: int = default("repeat_last_n")
+    presence_penalty: float = default("presence_penalty")  # OpenAI's, over the same tokens (0: off)
+    frequency_penalty: float = default("frequency_penalty")
 
     def __post_init__(self) -> None:
         for name in SAMPLING_FIELDS:
@@ -59,7 +74,7 @@ class DecodeConfig:
     drafter: str = default("drafter")  # auto | aux | ngram | ngram+aux
     verify: str = default("verify")  # sd: "block" or "token"
     no_repeat: int = default("no_repeat")  # beam drafts skip tokens that repeat an n-gram this long (0: off)
-    repeat_penalty: float = default("repeat_penalty")  # MTAD's bar for blocks that repeat a 4-gram (1: off)
+    repeat_bar: float = default("repeat_bar")  # MTAD's bar for blocks that repeat a 4-gram (1: off)
     accept_threshold: float = default("accept_threshold")
     draft_ahead: str = default("draft_ahead")  # "on": the next draft made while the target verifies
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

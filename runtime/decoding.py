@@ -29,6 +29,7 @@ from .errors import ContextOverflowError, OptionError
 from .methods import StepResult, StepView
 from .options import REPEAT_N
 from .rules.repeats import Seen
+from .rules.shape import Penalties, Shape
 from .stats import Stats
 from .text.constraint import DONE, OPEN, Compiled, Grammar, Matcher, compile
 from .text.vocab import VocabMap
@@ -78,7 +79,10 @@ class Generation:
         self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
         budget = lambda: cfg.max_tokens - self.stats.generated  # noqa: E731
         space = lambda: self._room() - len(self.tokens)  # noqa: E731
-        run = Run(target, aux, cfg, self.method, self.model, clock, self.seed, vocab, budget, space, self.constraint)
+        shape = Shape(Penalties.of(cfg.sampling), self.constraint)
+        run = Run(
+            target, aux, cfg, self.method, self.model, clock, self.seed, vocab, budget, space, self.constraint, shape
+        )
         self.drafters = Drafters.build(run)
         self.stats.gamma_min, self.stats.drafters = self.drafters.gamma_floor, self.drafters.counters
         self.layout = self.method.layout(self.drafters.max_gamma, self.drafters.max_width, cfg.tree)
@@ -96,7 +100,7 @@ class Generation:
             )
         self.rng = np.random.default_rng(self.seed)
         self._steps = 0
-        seen = Seen(REPEAT_N) if cfg.repeat_penalty > 1 and self.method.drafts else None
+        seen = Seen(REPEAT_N) if cfg.repeat_bar > 1 and self.method.drafts else None
         self.view = StepView(
             target,
             self.tokens,
@@ -104,11 +108,11 @@ class Generation:
             cfg.accept_threshold,
             cfg.tree,
             cfg.verify,
-            cfg.repeat_penalty,
+            cfg.repeat_bar,
             self.rng,
             clock,
             seen,
-            self.constraint,
+            shape,
         )
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -135,14 +135,16 @@ def _is_number(v: Any, integral: bool) -> bool:
 
 TREES = ("final", "full")
 NO_REPEAT_MAX = 8  # longer n-grams hardly ever repeat within a context: nothing left to skip
-REPEAT_N = 4  # the n-grams repeat_penalty counts: the bench's rep-4 measures these
-REPEAT_PENALTY_MAX = 1e6  # a bar no block that repeats can clear
+REPEAT_N = 4  # the n-grams repeat_bar counts: the bench's rep-4 measures these
+REPEAT_BAR_MAX = 1e6  # a bar no block that repeats can clear
 VERIFY_RULES = ("block", "token")
 GAMMA_MAX = 16  # the longest draft: llama.cpp's draft default is 16 too
 WIDTH_MAX = 8  # the widest beam; MMTAD's full tree then has at most 8 x 16 nodes
 SEED_MAX = 2**64 - 1
 # Stop strings end an answer at a marker ("\n\nUser:", "</s>"): 4 (OpenAI's limit) of 4096
 # characters in all is far beyond any real marker, and bounds what each request makes the server match.
+PENALTY_MAX = 10.0  # llama.cpp's repeat penalty: 1.1-1.3 in use; past 10 a seen token is all but banned
+LAST_N_MAX = 4096  # tokens the penalties look back over (llama.cpp: 64 by default)
 STOP_MAX = 4
 STOP_CHARS_MAX = 4096
 
@@ -161,6 +163,43 @@ OPTIONS: dict[str, Option] = {
             lo=0,
             hi=1,
             lo_open=True,
+        ),
+        Option(
+            "min_p",
+            "float",
+            0.0,
+            "Keep tokens at least this share of the likeliest one's probability; 0 disables.",
+            lo=0,
+            hi=1,
+        ),
+        Option(
+            "repeat_penalty",
+            "float",
+            1.0,
+            "llama.cpp's repeat penalty on the tokens of the last repeat_last_n (logits divided by it, or "
+            "multiplied where negative); 1 disables.",
+            lo=0,
+            hi=PENALTY_MAX,
+            lo_open=True,
+        ),
+        Option(
+            "repeat_last_n", "int", 64, "Tokens the penalties look back over (prompt included).", lo=0, hi=LAST_N_MAX
+        ),
+        Option(
+            "presence_penalty",
+            "float",
+            0.0,
+            "Subtracted from the logit of every token in the last repeat_last_n (OpenAI's); 0 disables.",
+            lo=-2,
+            hi=2,
+        ),
+        Option(
+            "frequency_penalty",
+            "float",
+            0.0,
+            "Subtracted from a token's logit once for each time it occurs in the last repeat_last_n; 0 disables.",
+            lo=-2,
+            hi=2,
         ),
         Option(
             "seed",
@@ -238,13 +277,13 @@ OPTIONS: dict[str, Option] = {
             hi=NO_REPEAT_MAX,
         ),
         Option(
-            "repeat_penalty",
+            "repeat_bar",
             "float",
             1.0,
             f"MTAD: a drafted block must clear threshold x this for each {REPEAT_N}-gram it repeats "
             "from the text (1: off).",
             lo=1,
-            hi=REPEAT_PENALTY_MAX,
+            hi=REPEAT_BAR_MAX,
         ),
         Option(
             "draft_ahead",

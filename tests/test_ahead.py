@@ -189,7 +189,7 @@ def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
     assert out == inline and counted(st, "aux", "ahead_drafts") == 0
 
 
-@pytest.mark.parametrize("options", [{"no_repeat": 2}, {"repeat_penalty": 3.0}, {"drafter": "ngram+aux"}])
+@pytest.mark.parametrize("options", [{"no_repeat": 2}, {"repeat_bar": 3.0}, {"drafter": "ngram+aux"}])
 def test_drafting_ahead_keeps_the_text_with_repeat_rules_and_prompt_lookup(options):
     """A draft ahead skips the n-grams of the text it bets on (no_repeat indexes that text, then the
     real one); beside prompt lookup, a step that takes lookup's draft undoes the aux's bet."""

@@ -14,6 +14,7 @@ from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.drafting.beams import BeamDrafter
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.rules.sampling import filtered_logprobs
+from mtad_edge.runtime.rules.shape import Shape
 from mtad_edge.runtime.text import constraint as C
 from mtad_edge.runtime.text.constraint import Grammar
 from mtad_edge.textstream import detokenize
@@ -258,7 +259,7 @@ def test_the_aux_beams_never_leave_the_grammar():
         answer = walk(m, int(rng.integers(0, 25)), rng)
         m.commit(answer)
         tokens += answer
-        drafter = BeamDrafter(a, SamplingConfig(temperature=1.5), np.random.default_rng(seed), 4, constraint=m)
+        drafter = BeamDrafter(a, SamplingConfig(temperature=1.5), np.random.default_rng(seed), 4, shape=Shape(mask=m))
         drafter.start(tokens)
         draft = drafter.propose(tokens, 5, 4, rows=True)
         paths = [p[p >= 0] for p in draft.paths(full=True)]

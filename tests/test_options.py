@@ -73,7 +73,7 @@ def test_cli_api_and_server_say_the_same_words(server, name, value, typed):
         pytest.param("temperature", 10**400, id="temperature-10**400"),
         pytest.param("top_p", -(10**400), id="top_p--10**400"),
         pytest.param("accept_threshold", 10**400, id="accept_threshold-10**400"),
-        pytest.param("repeat_penalty", 10**400, id="repeat_penalty-10**400"),
+        pytest.param("repeat_bar", 10**400, id="repeat_bar-10**400"),
     ],
 )
 def test_wrong_types_are_value_errors_naming_the_parameter(server, name, value):

@@ -45,7 +45,7 @@ FAKE_CASES: dict[str, tuple[str, dict]] = {
     "mmtad T0 g3": ("fake", dict(method="mmtad", gamma=3, sampling=T0)),
     "beam T1": ("fake", dict(method="beam", gamma=3, beam_width=2, sampling=T1_FULL)),
     "mtad T1 g3 no_repeat": ("fake", dict(method="mtad", gamma=3, sampling=T1_FULL, no_repeat=2)),
-    "mtad T1 g3 repeat_penalty": ("fake", dict(method="mtad", gamma=3, sampling=T1_FULL, repeat_penalty=2.0)),
+    "mtad T1 g3 repeat_bar": ("fake", dict(method="mtad", gamma=3, sampling=T1_FULL, repeat_bar=2.0)),
     "sd T1 g3 ngram": ("fake", dict(method="sd", gamma=3, sampling=T1_FULL, drafter="ngram")),
     "mtad T1 g3 ngram+aux": ("fake", dict(method="mtad", gamma=3, sampling=T1_FULL, drafter="ngram+aux")),
     "sd T0 g3 ngram+aux": ("fake", dict(method="sd", gamma=3, sampling=T0, drafter="ngram+aux")),

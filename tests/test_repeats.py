@@ -1,5 +1,5 @@
 """Drafts that do not degenerate: the n-gram index, the drafter that skips repeats (no_repeat) and
-MTAD's higher bar for blocks that repeat (repeat_penalty)."""
+MTAD's higher bar for blocks that repeat (repeat_bar)."""
 
 import numpy as np
 import pytest
@@ -95,11 +95,11 @@ def test_bars_raise_the_joint_test_where_a_block_repeats():
 
 
 @pytest.mark.parametrize("method", ["mtad", "mmtad"])
-def test_a_prohibitive_repeat_penalty_accepts_no_drafted_repeat(method):
+def test_a_prohibitive_repeat_bar_accepts_no_drafted_repeat(method):
     """With a bar no repeating block clears, a repeated 4-gram can end only at a bonus token."""
     target, aux = FakeLM(salt=1, n_seq_max=5, vocab=3), FakeLM(salt=1, n_seq_max=9, vocab=3)  # aux = target
     prompt = [0, 1, 2, 0, 1, 2, 0]
-    cfg = DecodeConfig(method, 80, gamma=4, repeat_penalty=1e6, seed=5)
+    cfg = DecodeConfig(method, 80, gamma=4, repeat_bar=1e6, seed=5)
     import mtad_edge.runtime.decoding as decoding
 
     blocks = []

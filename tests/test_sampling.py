@@ -105,6 +105,9 @@ def test_invalid_sampling_config(kw):
         SamplingConfig(1.3, 5, 1.0),
         SamplingConfig(1.0, 0, 0.9),
         SamplingConfig(0.8, FEW_KEPT + 36, 0.9),  # past FEW_KEPT: the numpy route
+        SamplingConfig(0.9, 20, 0.95, min_p=0.1),
+        SamplingConfig(1.0, 0, 1.0, min_p=0.05),
+        SamplingConfig(0.8, FEW_KEPT + 36, 1.0, min_p=0.2),
     ],
 )
 def test_sampling_from_logits_draws_what_the_filtered_row_draws(cfg):
@@ -178,3 +181,13 @@ def test_a_draw_on_shared_columns_is_the_draw_on_the_full_row():
         for row in range(2):
             on_full = sample(filtered_logprobs(logits, cfg)[row], np.random.default_rng(seed))
             assert cols.vocab[sample(cols.rows[0][row], np.random.default_rng(seed))] == on_full
+
+
+def test_min_p_keeps_the_tokens_within_its_share_of_the_likeliest():
+    logits = np.log(np.array([[0.5, 0.3, 0.1, 0.06, 0.04]]))
+    for min_p, kept in ((0.0, 5), (0.1, 4), (0.2, 3), (0.7, 1), (1.0, 1)):
+        row = filtered_logprobs(logits, SamplingConfig(1.0, 0, 1.0, min_p=min_p))[0]
+        assert np.isfinite(row).sum() == kept and np.isclose(np.exp(row).sum(), 1.0), min_p
+    # after top-p, on what it kept: 0.5 and 0.3 kept by top-p 0.8, then min-p 0.7 drops 0.3
+    row = filtered_logprobs(logits, SamplingConfig(1.0, 0, 0.8, min_p=0.7))[0]
+    assert np.isfinite(row).tolist() == [True, False, False, False, False]

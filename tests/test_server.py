@@ -251,8 +251,8 @@ def test_unknown_model_is_a_404_with_an_openai_error(client):
         (dict(response_format={"type": "json_object"}), "response_format"),
         (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
         (dict(tool_choice="required"), "tool_choice"),
-        (dict(presence_penalty=0.5), "presence_penalty"),
-        (dict(frequency_penalty=0.5), "frequency_penalty"),
+        (dict(presence_penalty=2.5), "presence_penalty"),  # OpenAI's range: -2..2
+        (dict(frequency_penalty=-3), "frequency_penalty"),
         (dict(logit_bias={"50": 10}), "logit_bias"),
         (dict(extra_body={"mirostat": 2}), "mirostat"),
         (dict(extra_body={"temperature": "hot"}), "temperature"),

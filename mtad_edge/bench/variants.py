@@ -33,7 +33,7 @@ SHORT = {
     "drafter": "d",
     "verify": "v",
     "no_repeat": "nr",
-    "repeat_penalty": "rp",
+    "repeat_bar": "rb",
     "draft_ahead": "ahead",
 }
 LONG = {v: k for k, v in SHORT.items()}

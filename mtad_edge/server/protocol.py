@@ -50,8 +50,6 @@ IGNORED = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "saf
 # parameter a model does not support. An unknown field is a 400 too (OpenAI's "Unrecognized
 # request argument"), so nothing a client asks for is silently ignored.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
     "logit_bias": ({},),
     "response_format": ({"type": "text"},),
     "tools": ([],),

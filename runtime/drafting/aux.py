@@ -33,7 +33,7 @@ class AuxDrafter(Drafter):
         self.adaptive = isinstance(self.ctrl, Controller)
         cross = CrossVocab(run.vocab, run.target, run.aux) if run.vocab is not None else None
         self.beams = BeamDrafter(
-            run.aux, cfg.sampling, run.rng(0), self.width, run.clock, cross, cfg.no_repeat, run.constraint
+            run.aux, cfg.sampling, run.rng(0), self.width, run.clock, cross, cfg.no_repeat, run.shape
         )
         self.synced = 0  # committed tokens when it last drafted (or was fed the prompt)
         self.continues = cross is None  # it drafts after a span in its own first call (the target's tokens)

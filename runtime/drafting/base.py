@@ -24,6 +24,7 @@ import numpy as np
 
 from ..backend import Backend
 from ..rules.sampling import Filter, KeptRows
+from ..rules.shape import Shape
 from ..text.constraint import Matcher
 from ..text.vocab import VocabMap
 from .controller import Controller, FixedController, Model, Plan
@@ -210,7 +211,8 @@ class Run:
     vocab: Optional[VocabMap] = None  # the aux speaks another vocabulary
     budget: Callable[[], int] = lambda: 0  # tokens the run may still generate (max_tokens)
     space: Callable[[], int] = lambda: 0  # and committed tokens its contexts may still take
-    constraint: Optional[Matcher] = None  # a grammar the answer follows (its masks, its forced spans)
+    constraint: Optional[Matcher] = None  # a grammar the answer follows (its forced spans)
+    shape: Shape = field(default_factory=Shape)  # penalties and the grammar's mask on every row drafted
 
     @property
     def key(self) -> str:

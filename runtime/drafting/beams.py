@@ -27,7 +27,7 @@ import numpy as np
 from ..backend import Backend, Batch, common_prefix, feed
 from ..rules.repeats import Seen, ban
 from ..rules.sampling import Filter, KeptRows, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
-from ..text.constraint import Matcher
+from ..rules.shape import Shape
 from .base import Draft
 from .cross import CrossVocab
 
@@ -115,7 +115,7 @@ class BeamDrafter:
         clock: Callable[[], float] = time.perf_counter,
         cross: Optional[CrossVocab] = None,
         no_repeat: int = 0,
-        constraint: Optional[Matcher] = None,
+        shape: Shape = Shape(),
     ):
         if model.n_seq_max < beam_slots(max_width):
             raise ValueError(
@@ -125,7 +125,9 @@ class BeamDrafter:
         self.model, self.rng, self.max_width, self.clock, self.cross = model, rng, max_width, clock, cross
         self.ctx: list[int] = []  # the aux's committed context: the target's own list when they share a vocabulary
         self.greedy = sampling.greedy
-        self.score_cfg: Filter = RankAt1(sampling.top_k, sampling.top_p) if self.greedy else sampling
+        self.score_cfg: Filter = (
+            RankAt1(sampling.top_k, sampling.top_p, min_p=sampling.min_p) if self.greedy else sampling
+        )
         self._width = max_width  # the width of the last draft (its banks of sequences)
         self._seqs, self._best = [0], 0  # after propose: each final beam's sequence, the best one
         self._cached = 0  # drafted tokens those sequences hold in their cache
@@ -133,9 +135,9 @@ class BeamDrafter:
         self._beam_aux = np.zeros((1, 0), dtype=np.int64)  # the last draft's beams in aux tokens
         self._dead_aux = np.zeros((0, 0), dtype=np.int64)  # and the beams that died on the way
         self.seen = Seen(no_repeat) if no_repeat else None  # the context's n-grams a draft may not repeat
-        # A grammar's masks, each beam's row by its own path (the target's vocabulary only: an aux of
-        # another one drafts unconstrained, and the verify rejects what the grammar does not allow).
-        self.constraint = constraint if cross is None else None
+        # Penalties and a grammar's mask, each beam's row by its own path (a grammar's in the target's
+        # vocabulary only: an aux of another drafts unmasked, and the verify rejects what it forbids).
+        self.shape = shape if cross is None else Shape(shape.penalties)
 
     def start(self, tokens: list[int], prefill: bool = True) -> int:
         """A run begins on committed ``tokens``: the aux context (the same list when the vocabulary
@@ -207,8 +209,8 @@ class BeamDrafter:
         self.commit(n)  # as if every drafted token were kept: the aux holds x_1..x_{n-1}
         kept = [*tokens, *(int(t) for t in last.tokens)]
         row = feed(self.model, kept)[-1:]  # x_n fed alone, for the aux's row after it
-        if self.constraint is not None:
-            row = self.constraint.apply(row, [self.constraint.path(kept)])
+        if self.shape.active:
+            row = self.shape.rows(row, kept, [()])
         guess = int(np.argmax(row))
         self.model.rollback(0, len(kept) - 1)  # then as the next draft finds it: x_n and the bonus unfed
         asked: list[tuple[int, float, bool]] = []
@@ -325,8 +327,8 @@ class BeamDrafter:
         """Each current beam's filtered log q: (ids, rows) over its top-k tokens alone where top-k
         keeps a few (the same draws as full rows, for a fraction of the numpy work per aux call),
         else (None, rows over the whole vocabulary)."""
-        if self.constraint is not None:
-            logits = self.constraint.apply(logits, [self.constraint.path(ctx, beam) for beam in beam_tok])
+        if self.shape.active:
+            logits = self.shape.rows(logits, ctx, beam_tok.tolist())
         kept = None if self.cross is not None else kept_logprobs(logits, self.score_cfg)
         if kept is None:
             return None, self._no_repeats(self._logq(logits), beam_tok, ctx)

@@ -19,8 +19,8 @@ from ..backend import Backend, TokenIds, feed
 from ..drafting.base import Draft
 from ..rules.repeats import Seen
 from ..rules.sampling import Columns, Filter, KeptRows, argmax, sample_logits
+from ..rules.shape import Shape
 from ..rules.verify import greedy_accept_length
-from ..text.constraint import Matcher
 
 R = TypeVar("R")  # what a step reads from a target call's logits
 
@@ -53,23 +53,23 @@ class StepView:
     accept_threshold: float
     tree: str  # MMTAD: "final" or "full"
     verify: str  # sd: "block" or "token"
-    repeat_penalty: float  # MTAD: the bar's factor per repeated n-gram (1: off)
+    repeat_bar: float  # MTAD: the bar's factor per repeated n-gram (1: off)
     rng: np.random.Generator
     clock: Callable[[], float]
-    seen: Optional[Seen] = None  # the text's n-grams, where repeat_penalty asks for them
-    constraint: Optional[Matcher] = None  # a grammar's masks, applied to the logits before p is read
+    seen: Optional[Seen] = None  # the text's n-grams, where repeat_bar asks for them
+    shape: Shape = Shape()  # penalties and a grammar's mask, applied to the logits before p is read
 
 
 def repeat_bars(run: StepView, paths: np.ndarray) -> Optional[np.ndarray]:
-    """MTAD's extra log bar at each depth of each path (repeat_penalty), or None when off."""
-    if run.seen is None or run.repeat_penalty <= 1:
+    """MTAD's extra log bar at each depth of each path (repeat_bar), or None when off."""
+    if run.seen is None or run.repeat_bar <= 1:
         return None
     paths = np.atleast_2d(paths)
     counts = np.zeros(paths.shape)
     for b, path in enumerate(paths):
         live = path[path >= 0]  # a dead end (the full tree) stops early
         counts[b, : len(live)] = run.seen.repeats(run.tokens, live)
-    return np.asarray(np.log(run.repeat_penalty) * counts)
+    return np.asarray(np.log(run.repeat_bar) * counts)
 
 
 @dataclass(frozen=True)
@@ -128,12 +128,12 @@ class Method:
 def target_call(run: StepView, read: Callable[[np.ndarray], R], draft: TokenIds = ()) -> tuple[R, Call]:
     """One target call on the pending token plus ``draft`` (logits of every draft position plus
     one; the last row alone without a draft), read by ``read`` within the call's timing: what a
-    step makes of the rows is part of the call's price. Under a constraint each row is masked by
+    step makes of the rows is part of the call's price. Each row is shaped (rules/shape.py) by
     the grammar after the draft's tokens before it."""
     t0, rows = run.clock(), len(run.tokens) - len(run.target.held(0)) + len(draft)
     logits = feed(run.target, run.tokens, draft, logits="all" if len(draft) else "last")
-    if run.constraint is not None:
-        logits = run.constraint.apply_along(logits, draft)
+    if run.shape.active:
+        logits = run.shape.along(logits, run.tokens, draft)
     return read(logits), Call(rows, run.clock() - t0)
 
 

@@ -45,7 +45,7 @@ class Beam(Method):
     def step(self, run: StepView, gamma: int, width: int, draft: Optional[Draft]) -> StepResult:
         # A searcher lives for one window only: between windows it holds no state (sequence 0
         # is the committed text, as after any step), so nothing is kept on the shared method.
-        search = BeamDrafter(run.target, run.sampling, run.rng, width, clock=run.clock, constraint=run.constraint)
+        search = BeamDrafter(run.target, run.sampling, run.rng, width, clock=run.clock, shape=run.shape)
         search.start(run.tokens)  # sequence 0 already holds all but the pending token
         found = search.propose(run.tokens, gamma, width)
         window = [int(t) for t in found.tokens]

@@ -42,8 +42,8 @@ class MMTAD(Method):
         verifier = TreeVerifier(run.target)
         t0, pending = run.clock(), len(run.tokens) - len(run.target.held(0))
         logits = verifier.logits(run.tokens, tree)  # row 0: the root
-        if run.constraint is not None:  # each row masked by the grammar after its node's path
-            logits = run.constraint.apply(logits, [(), *tree.paths()])
+        if run.shape.active:  # each row shaped after its node's path
+            logits = run.shape.rows(logits, run.tokens, [(), *tree.paths()])
         greedy = run.sampling.greedy  # p one-hot: each row's argmax is all a rule needs
         if greedy:
             p = argmax(logits)

@@ -5,7 +5,7 @@ is often one the text has already made: repetition is where beam search degenera
 remedies, each a request option (runtime/options.py): the beam drafter skips tokens that would
 repeat an n-gram of the text (``no_repeat``, as Hugging Face's ``no_repeat_ngram_size``), and
 MTAD's joint test asks a drafted block that repeats one to clear a higher bar
-(``repeat_penalty``). Neither touches sd's losslessness: a drafter that skips tokens hands over
+(``repeat_bar``). Neither touches sd's losslessness: a drafter that skips tokens hands over
 the q it drew from, and sd's verify rules use that q.
 """
 

@@ -33,6 +33,9 @@ class Filter(Protocol):
     def top_p(self) -> float: ...
 
     @property
+    def min_p(self) -> float: ...
+
+    @property
     def greedy(self) -> bool: ...
 
 
@@ -45,6 +48,7 @@ class RankAt1:
     top_p: float
     temperature: float = 1.0
     greedy: bool = False
+    min_p: float = 0.0
 
 
 def finite(values: np.ndarray, best: Optional[np.ndarray] = None) -> None:
@@ -100,7 +104,7 @@ def top_p_mask(logp: np.ndarray, p: float) -> np.ndarray:
 
 
 def filtered_logprobs(logits: np.ndarray, cfg: Filter) -> np.ndarray:
-    """log of the distribution we sample from: temperature -> top-k -> top-p, renormalised.
+    """log of the distribution we sample from: temperature -> top-k -> top-p -> min-p, renormalised.
 
     ``logits`` has shape (V,) or (rows, V). At temperature 0 each row is one-hot on its argmax.
     """
@@ -112,7 +116,7 @@ def filtered_logprobs(logits: np.ndarray, cfg: Filter) -> np.ndarray:
     if not 0 < cfg.top_k < logits.shape[-1]:
         best = logits.max(axis=-1)  # the whole row is read anyway; NaN reaches the maximum
         finite(best, best)
-        return _nucleus(log_softmax(logits.astype(np.float64) / cfg.temperature), cfg.top_p)
+        return _nucleus(log_softmax(logits.astype(np.float64) / cfg.temperature), cfg)
     return KeptRows(*_top_k(logits, cfg), logits.shape[-1]).dense()
 
 
@@ -239,7 +243,7 @@ def _top_k(logits: np.ndarray, cfg: Filter) -> tuple[np.ndarray, np.ndarray]:
     computed on the k kept entries only (cheap even for 262k-token vocabularies)."""
     idx = _top_ids(logits, cfg.top_k)
     vals = np.take_along_axis(logits, idx, axis=-1).astype(np.float64) / cfg.temperature
-    return idx, _nucleus(log_softmax(vals), cfg.top_p)
+    return idx, _nucleus(log_softmax(vals), cfg)
 
 
 def _in_token_order(idx: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -248,8 +252,20 @@ def _in_token_order(idx: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.n
     return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(kept, order, axis=-1)
 
 
-def _nucleus(logp: np.ndarray, top_p: float) -> np.ndarray:
-    return log_softmax(top_p_mask(logp, top_p)) if top_p < 1.0 else logp
+def _nucleus(logp: np.ndarray, cfg: Filter) -> np.ndarray:
+    """Top-p, then min-p (Hugging Face's order after temperature and top-k), renormalised."""
+    if cfg.top_p < 1.0:
+        logp = log_softmax(top_p_mask(logp, cfg.top_p))
+    if cfg.min_p > 0.0:
+        logp = log_softmax(min_p_mask(logp, cfg.min_p))
+    return logp
+
+
+def min_p_mask(logp: np.ndarray, min_p: float) -> np.ndarray:
+    """Keep the tokens whose probability is at least ``min_p`` times the likeliest's, set the rest
+    to -inf (the likeliest always stays). Not renormalised."""
+    best = np.max(logp, axis=-1, keepdims=True)
+    return np.where(logp >= best + math.log(min_p), logp, NEG_INF)
 
 
 def sample_logits(logits: np.ndarray, cfg: Filter, rng: np.random.Generator) -> int:
@@ -282,7 +298,7 @@ FEW_KEPT = 64
 def _sample_few(ids: list[int], logits: list[float], cfg: Filter, rng: np.random.Generator) -> int:
     """``sample()`` over the top-k entries ``ids`` (with their logits, in the order
     ``filtered_logprobs`` keeps them): temperature, top-p by probability (ties in that order, as
-    its stable sort breaks them), then one uniform draw against the kept tokens' cumulative mass
+    its stable sort breaks them), min-p, then one uniform draw against the kept tokens' cumulative mass
     in token order, as ``Generator.choice`` draws in a full row."""
     x = [lg / cfg.temperature for lg in logits]
     top = max(x)
@@ -296,6 +312,9 @@ def _sample_few(ids: list[int], logits: list[float], cfg: Filter, rng: np.random
             nucleus.append(i)
             before += w[i] / total
         keep = nucleus
+    if cfg.min_p > 0.0:
+        bar = cfg.min_p * max(w[i] for i in keep)
+        keep = [i for i in keep if w[i] >= bar]
     chosen = sorted((ids[i], w[i]) for i in keep)  # token order
     if len(chosen) == 1:
         return int(chosen[0][0])
