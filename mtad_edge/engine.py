@@ -309,7 +309,7 @@ class Engine:
         """Load ``pair`` for ``method_names`` (default: every method it can run) with room for
         ``capacity`` = (gamma, beam width) at most (default: the defaults' own)."""
         gamma, width = capacity or _capacity(defaults)
-        if defaults.drafts_with_aux and pair.aux is None:
+        if defaults.drafts_with_aux and pair.aux is None and defaults.method != AUTO:
             raise MtadEdgeError(_no_aux(defaults.method))
         names = methods.names() if method_names is None else method_names
         models = open_pair(pair, [*names, defaults.method], gamma, width, options, say)
@@ -445,11 +445,11 @@ class Engine:
         ``limit`` tokens (before tokenising where its bytes or messages tell, else as it is), then
         the constraint compiled for the target's vocabulary (bounded in time, cached)."""
         models = self._require_open()
-        cfg, stops = self._request(options), check("stop", list(stop) if isinstance(stop, tuple) else stop)
+        cfg, model, why = self._request(options, learned_costs)
+        stops = check("stop", list(stop) if isinstance(stop, tuple) else stop)
         if logprobs is not None and not json_int(logprobs, 0, LOGPROBS_MAX):
             raise OptionError(f"logprobs must be an integer in 0..{LOGPROBS_MAX}, got {quoted(logprobs)}", "logprobs")
         seeded = cfg.seed is not None  # as a fresh engine: cleared caches, the load-time plan
-        model = self.learned if learned_costs or not seeded else self.calibrated
         limit = models.target.n_positions
         try:
             ids = models.target.tokenize_segments(text(limit), limit=limit)
@@ -471,6 +471,7 @@ class Engine:
             learn=learned_costs,
             constraint=compiled,
         )
+        gen.stats.auto = why
         response = Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
         self._responses.add(response)
         return response
@@ -578,9 +579,18 @@ class Engine:
             raise RuntimeError("this engine is closed")
         return self._models
 
-    def _request(self, options: dict[str, Any]) -> DecodeConfig:
-        cfg = floor_for(self._require_open().pair, self._defaults.with_options(options))
-        self._can_run(cfg)
+    def _request(
+        self, options: dict[str, Any], learned_costs: bool = False
+    ) -> tuple[DecodeConfig, Model, Optional[str]]:
+        """The request's config (method 'auto' resolved, a tuned floor applied), the model it plans
+        with (a seeded request: the frozen load-time calibration, its text the seed's alone; else
+        what the engine has learned), and why 'auto' chose its method (None: not asked)."""
+        models = self._require_open()
+        cfg = self._defaults.with_options(options)
+        model = self.learned if learned_costs or cfg.seed is None else self.calibrated
+        cfg, why = cfg.resolved(model, models.aux is not None)
+        cfg = floor_for(models.pair, cfg)
+        self._can_run(cfg, chosen=why is not None)
         width = cfg.beam_width if isinstance(cfg.beam_width, int) else 0
         if cfg.max_gamma > self._gamma_cap or width > self._width_cap:
             param = (
@@ -589,15 +599,16 @@ class Engine:
             raise OptionError(
                 f"this engine was loaded for gamma <= {self._gamma_cap} and beam_width <= {self._width_cap}", param
             )
-        return cfg
+        return cfg, model, why
 
-    def _can_run(self, cfg: DecodeConfig) -> None:
-        """OptionError unless the engine was opened for the request's method and holds what drafts."""
+    def _can_run(self, cfg: DecodeConfig, chosen: bool = False) -> None:
+        """OptionError unless the engine was opened for the request's method and holds what drafts
+        (``chosen``: by method 'auto', which drafts by prompt lookup where the pair has no aux)."""
         models = self._require_open()
         if cfg.method not in models.methods:
             opened = ", ".join(models.methods)
             raise OptionError(f"this engine was opened for {opened}: method {cfg.method} was not among them", "method")
-        if cfg.drafts_with_aux and models.aux is None:
+        if cfg.drafts_with_aux and models.aux is None and not chosen:
             raise OptionError(_no_aux(cfg.method), "drafter" if cfg.drafter != AUTO else "method")
 
 

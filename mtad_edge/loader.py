@@ -321,7 +321,7 @@ def open_pair(
     those methods needs at ``gamma`` and ``width``. Each model runs on the backend its file calls
     for, so mixed GGUF/ONNX pairs work."""
     target_path, aux_path = pair.target, pair.aux
-    names = list(dict.fromkeys(methods.names() if method_names is None else method_names))
+    names = list(methods.expand(methods.names() if method_names is None else method_names))
     chosen = [methods.get(m) for m in names]
     if target_path is None:
         raise MtadEdgeError("--aux needs --target")

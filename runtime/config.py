@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from . import drafting, methods
+from .drafting.base import acceptance_key
+from .drafting.controller import Model
 from .errors import OptionError
-from .options import AUTO, OPTIONS, check, default
+from .methods import auto
+from .options import AUTO, AUTO_WIDTH_MAX, OPTIONS, check, default
 
 SAMPLING_FIELDS = (
     "temperature",
@@ -100,6 +103,16 @@ class DecodeConfig:
             raise OptionError(
                 f"draft_ahead 'on' applies to sd and mtad drafting with the aux; {self.method} {why}", "draft_ahead"
             )
+
+    def resolved(self, model: Model, aux: bool) -> tuple[DecodeConfig, Optional[str]]:
+        """This config with method 'auto' resolved for a pair whose costs and acceptance ``model``
+        holds (``aux``: it has an aux model), and why it chose as it did (None: not 'auto')."""
+        if self.method != AUTO:
+            return self, None
+        width = self.beam_width if isinstance(self.beam_width, int) else AUTO_WIDTH_MAX
+        name, why = auto.choose(self.sampling, self.max_gamma, width, model, aux, lambda m: acceptance_key(m, self))
+        keep_width = methods.get(name).uses_beams
+        return dataclasses.replace(self, method=name, beam_width=self.beam_width if keep_width else 1), why
 
     @property
     def drafts_with_aux(self) -> bool:

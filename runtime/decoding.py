@@ -71,12 +71,14 @@ class Generation:
         # A seeded adaptive run plans from a frozen copy (its text then depends on the seed only),
         # unless the caller wants it to learn like an unseeded one (``learn``: bench).
         self.model = model.copy(frozen=True) if cfg.seed is not None and cfg.adaptive and not learn else model
+        cfg, why = cfg.resolved(self.model, aux is not None)  # method 'auto': mtad or sd, for this pair
+        self.cfg, self.method = cfg, methods.get(cfg.method)
         self.seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
         self.tokens = list(prompt)
         if isinstance(constraint, Grammar):
             constraint = compile(constraint, target)
         self.constraint: Optional[Matcher] = constraint.start(len(prompt)) if constraint is not None else None
-        self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed)
+        self.stats = Stats(method=cfg.method, prompt_tokens=len(prompt), seed=self.seed, auto=why)
         budget = lambda: cfg.max_tokens - self.stats.generated  # noqa: E731
         space = lambda: self._room() - len(self.tokens)  # noqa: E731
         shape = Shape(Penalties.of(cfg.sampling), self.constraint)

@@ -151,7 +151,13 @@ STOP_CHARS_MAX = 4096
 OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
-        Option("method", "choice", "mtad", "Decoding method.", choices=method_names),
+        Option(
+            "method",
+            "choice",
+            "auto",
+            "Decoding method; auto: mtad where this pair's measured costs say it pays, else sd.",
+            choices=method_names,
+        ),
         Option("max_tokens", "int", 256, "Tokens to generate at most (also capped by the context).", lo=1),
         Option("temperature", "float", 1.0, "Sampling temperature; 0 = greedy.", lo=0, hi=2),
         Option("top_k", "int", 10, "Keep the k most likely tokens; 0 disables.", lo=0),

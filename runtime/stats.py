@@ -11,6 +11,7 @@ from typing import Any, Optional
 @dataclass
 class Stats:
     method: str = ""
+    auto: Optional[str] = None  # method 'auto': which method it chose for this request, and why
     seed: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens already in the target's cache (reused, not prefilled)

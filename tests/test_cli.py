@@ -70,7 +70,7 @@ def test_gamma_min_above_gamma_max_is_one_line():
 
 
 def test_target_without_aux_needs_ar():
-    r = invoke("generate", "hi", "--target", "x.gguf")
+    r = invoke("generate", "hi", "--target", "x.gguf", "--method", "mtad")
     assert r.exit_code == 1 and r.output.startswith(
         "Error: method mtad drafts with an auxiliary model and there is none"
     )

@@ -37,7 +37,8 @@ def test_generate_streams_text_and_fills_tokens_and_stats():
     r = eng.generate("abc", max_tokens=20, seed=1)
     chunks = list(r)
     assert "".join(chunks) == r.text() and len(r.tokens) == r.stats.generated == 20
-    assert r.finish_reason == "length" and r.stats.method == "mtad"
+    assert r.finish_reason == "length" and r.stats.method == "sd"  # auto: the fake pair's costs are not measured
+    assert r.stats.auto is not None and "not measured" in r.stats.auto
     assert r.text() == "".join(chr(ord("a") + t) for t in r.tokens)
 
 

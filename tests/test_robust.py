@@ -200,8 +200,8 @@ def test_max_tokens_is_capped_by_the_context():
         ({"response_format": {"type": "json_object"}}, 400, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
         ({"tool_choice": "required"}, 400, "tool_choice"),
-        ({"presence_penalty": 0.5}, 400, "presence_penalty"),
-        ({"frequency_penalty": -1}, 400, "frequency_penalty"),
+        ({"presence_penalty": 2.5}, 400, "presence_penalty"),  # OpenAI's range is -2..2
+        ({"frequency_penalty": -3}, 400, "frequency_penalty"),
         ({"logit_bias": {"50": 100}}, 400, "logit_bias"),
         ({"no_such_field": 1}, 400, "no_such_field"),
         ({"top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs: true

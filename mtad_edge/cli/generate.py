@@ -56,6 +56,8 @@ def generate(
             response = engine.chat(msgs)
         else:
             response = engine.generate(prompt, parse_special=parse_special)
+        if response.stats.auto and not as_json:  # method auto: what it chose for this pair, in one line
+            click.echo(f"method auto: {response.stats.auto}", err=True)
         try:
             with interrupts.stopping(response.cancel):  # ... and one during the run stops it at the next step
                 for piece in response:

@@ -196,6 +196,12 @@ class Kept(Protocol):
     def alone_accepted(self) -> Optional[int]: ...
 
 
+def acceptance_key(method: str, cfg: Request) -> str:
+    """What the acceptance a controller learns depends on: the method and its settings."""
+    s = cfg.sampling
+    return f"{method} T={s.temperature} k={s.top_k} p={s.top_p} a={cfg.accept_threshold} v={cfg.verify}"
+
+
 @dataclass
 class Run:
     """What the drafters of one run share: the models, the request, the method it drafts for, what
@@ -216,9 +222,7 @@ class Run:
 
     @property
     def key(self) -> str:
-        """What the acceptance a controller learns depends on: the method and its settings."""
-        s, cfg = self.cfg.sampling, self.cfg
-        return f"{self.method.name} T={s.temperature} k={s.top_k} p={s.top_p} a={cfg.accept_threshold} v={cfg.verify}"
+        return acceptance_key(self.method.name, self.cfg)
 
     @property
     def q_rows(self) -> bool:

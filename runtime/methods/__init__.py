@@ -7,7 +7,10 @@ plus one registry line.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .ar import AR
+from .auto import Auto
 from .base import Call, Layout, Method, StepResult, StepView
 from .beam import Beam
 from .mmtad import MMTAD
@@ -16,7 +19,7 @@ from .sd import SD
 
 __all__ = ["Call", "Layout", "Method", "StepResult", "StepView", "get", "names"]
 
-_METHODS: dict[str, Method] = {m.name: m for m in (AR(), SD(), MTAD(), MMTAD(), Beam())}
+_METHODS: dict[str, Method] = {m.name: m for m in (Auto(), AR(), SD(), MTAD(), MMTAD(), Beam())}
 
 
 def get(name: str) -> Method:
@@ -28,3 +31,11 @@ def get(name: str) -> Method:
 
 def names() -> tuple[str, ...]:
     return tuple(_METHODS)
+
+
+def expand(names: Iterable[str]) -> tuple[str, ...]:
+    """Method names with what each may run in their place (``auto``: mtad and sd), in order."""
+    out: list[str] = []
+    for name in names:
+        out += [name, *getattr(get(name), "picks", ())]
+    return tuple(dict.fromkeys(out))
