@@ -94,7 +94,7 @@ class Model:
     # it (per draft length, a length reached mostly by drafts cut short was read from their trees)
     nodes: dict[tuple[int, int], float] = field(default_factory=dict)
     frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
-    catchup: Optional[float] = None  # seconds per token the aux feeds when it drafts after plain steps, at pace 1
+    catchup: Optional[float] = None  # seconds per token the aux feeds when it drafts after plain steps, at its pace 1
     pace: Pace = field(default_factory=Pace)  # the machine's speed now, shared by the three tables
 
     def __post_init__(self) -> None:
@@ -107,7 +107,7 @@ class Model:
         if lag <= 0:
             return 0.0
         if self.catchup is not None:
-            return lag * self.catchup * self.pace.factor
+            return lag * self.catchup * math.exp(self.pace.level("aux"))
         return lag * max(self.aux(2) - self.aux(1), 0.0)
 
     def observe_catchup(self, rows: int, seconds: float) -> None:
@@ -117,7 +117,7 @@ class Model:
             return
         # Less the one-row call it includes, once that is measured (else all of it: a bit dear).
         per = max(0.0, seconds - self.aux(1)) / (rows - 1) if 1 in self.aux.table else seconds / rows
-        per /= self.pace.factor
+        per /= math.exp(self.pace.level("aux"))
         self.catchup = per if self.catchup is None else self.catchup + EMA_ALPHA * (per - self.catchup)
 
     def observe_overhead(self, drafting: bool, seconds: float) -> None:
@@ -199,6 +199,7 @@ class Controller:
         free: bool = False,
     ):
         self.model, self.acc = model, model.for_key(key)
+        model.pace.gap()  # a new request: its calls are not compared with the last one's
         self.acc.follow = gammas[0] >= 1  # no plain steps to lose to optimism (Acceptance.survival)
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
         # A tree method may verify the best beam alone where its tree does not pay: what that keeps
