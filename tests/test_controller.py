@@ -323,9 +323,9 @@ def test_the_probe_schedule_carries_over_to_the_next_request():
     costly = dict(target_s=lambda r: 0.010, aux_s=lambda r: 0.010, accept_p=lambda w: 0.0, rng=rng)
     simulate(Controller(model, "sd", range(0, 9), (1,), tree=False), 200, **costly)
     plans = simulate(Controller(model, "sd", range(0, 9), (1,), tree=False), 60, **costly)
-    assert sum(p.gamma > 0 for p in plans) <= 1
+    assert sum(p.gamma > 0 for p in plans) <= 1 and not any(p.gamma for p in plans[:16])
     fresh = simulate(Controller(Model(), "sd", range(0, 9), (1,), tree=False), 60, **costly)
-    assert sum(p.gamma > 0 for p in fresh) >= 2  # a new engine probes at 8, 24, 56
+    assert any(p.gamma for p in fresh[:8])  # a new engine probes after 8 plain steps
 
 
 def test_a_seeded_run_learns_only_when_asked():
