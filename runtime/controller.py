@@ -98,8 +98,12 @@ class Model:
     pace: Pace = field(default_factory=Pace)  # the machine's speed now, shared by the three tables
 
     def __post_init__(self) -> None:
-        for costs, timed in ((self.target, "target"), (self.aux, "aux"), (self.tree, "target")):
-            costs.pace, costs.model = self.pace, timed
+        for costs, timed, kind in (
+            (self.target, "target", "target"),
+            (self.aux, "aux", "aux"),
+            (self.tree, "target", "tree"),
+        ):
+            costs.pace, costs.model, costs.kind = self.pace, timed, kind
 
     def catchup_s(self, lag: int) -> float:
         """Seconds the aux spends feeding ``lag`` committed tokens it has not seen (the plain steps

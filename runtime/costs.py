@@ -56,7 +56,7 @@ class Pace:
         # each moment's readings: the target's, the aux's
         self.moments: deque[tuple[list[float], list[float]]] = deque(maxlen=PACE_MOMENTS)
         # per moment: the target's table and rows, and the aux's readings less the target's
-        self.gaps: deque[tuple[tuple[int, int], float]] = deque(maxlen=GAP_WINDOW)
+        self.gaps: deque[tuple[tuple[str, int], float]] = deque(maxlen=GAP_WINDOW)
         self.pending: list[Call] = []  # this moment's aux calls so far
         self.calls: deque[tuple[int, float]] = deque(maxlen=ROW_WINDOW)  # the last target calls: rows, reading
         self.waiting: Optional[tuple[Costs, int, float, float]] = None  # a row run after plain steps, and their level
@@ -105,7 +105,7 @@ class Pace:
                     t.learn(r, y - aux_level)
             if target is not None:
                 gaps = self.gaps
-                key = (id(call[0]), call[1]) if call is not None else (0, 0)
+                key = (call[0].kind, call[1]) if call is not None else ("", 0)
                 others = [g for k, g in gaps if k != key]
                 if call is not None and call[1] != 1 and len(others) >= 2 and max(others) - min(others) <= AGREE:
                     # While the other target rows' gaps to the aux hold still (the aux's level against
@@ -203,6 +203,7 @@ class Costs:
         model: str = "target",
     ):
         self.alpha, self.model = alpha, model  # model: which the table times, "target" or "aux"
+        self.kind = model  # which table it is ("target", "aux", "tree"): what its rows are told apart by
         self.pace = pace if pace is not None else Pace()
         self.table: dict[int, float] = {}  # seconds by rows, at pace 1
         self._recent: dict[int, deque[float]] = {}  # a row's last log differences from its neighbours
@@ -223,7 +224,7 @@ class Costs:
         """The same seed and entries, read through ``pace`` (else a copy of this one's);
         ``frozen``: ignoring further observations."""
         out = Costs(self.alpha, self.seed, pace if pace is not None else self.pace.copy(frozen), self.model)
-        out.table, out.frozen = dict(self.table), frozen
+        out.table, out.frozen, out.kind = dict(self.table), frozen, self.kind
         out._recent = {r: deque(xs, maxlen=ROW_WINDOW) for r, xs in self._recent.items()}
         out._first = {r: list(xs) for r, xs in self._first.items()}
         out._learned = dict(self._learned)
