@@ -186,7 +186,7 @@ def test_follows_a_change_of_regime_within_a_few_steps():
     assert first_zero <= 8
     back = simulate(ctrl, 300, lambda r: 0.010, cheap, lambda w: 1.0, rng)  # and pays again
     first_long = next(i for i, p in enumerate(back) if p.gamma >= 6)
-    assert first_long <= 64 + 8  # the next probe (at most 64 plain steps away) finds it; a few more confirm it
+    assert first_long <= controller.PROBE_MAX + 8  # the next probe (PROBE_MAX plain steps away at most) finds it
 
 
 def test_auto_width_prefers_the_width_that_is_accepted():
