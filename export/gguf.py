@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 from mtad_edge.pairs import quantize
+from mtad_edge.runtime.backends.gguf_header import read_header
 from mtad_edge.runtime.errors import MtadEdgeError
-from mtad_edge.runtime.gguf_header import read_header
 from mtad_edge.store import sha256_file
 
 from .staging import Progress, pair_manifest, preflight, publish, staging

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
+from mtad_edge.runtime.backends.llama_cpp_backend import LLAMA_MAX_LAYERS
 from mtad_edge.runtime.errors import MtadEdgeError, json_int, json_problem, quoted
-from mtad_edge.runtime.llama_cpp_backend import LLAMA_MAX_LAYERS
 from mtad_edge.store import make_folder, os_error
 
 FROM_TARGET = "from-target"

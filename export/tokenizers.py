@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from mtad_edge.runtime.compat import mismatch_verdict
 from mtad_edge.runtime.errors import IncompatiblePairError, first_line
-from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, build_map, piece_bytes, token_keys
+from mtad_edge.runtime.text.compat import mismatch_verdict
+from mtad_edge.runtime.text.vocab import COVERAGE_SAMPLE, build_map, piece_bytes, token_keys
 
 SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
 

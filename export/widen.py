@@ -30,8 +30,8 @@ from typing import Any, Optional
 import numpy as np
 
 from mtad_edge.pairs import CONTEXT_SIZE_MAX, quantize
+from mtad_edge.runtime.backends.gguf_header import BLOCK_MATRICES, int_range, read_header
 from mtad_edge.runtime.errors import MtadEdgeError, quoted
-from mtad_edge.runtime.gguf_header import BLOCK_MATRICES, int_range, read_header
 from mtad_edge.store import drop, finish, make_folder, sha256_file, tmp_name
 
 from .staging import Progress, publish, staging

@@ -28,9 +28,9 @@ import mtad_edge.store as store
 from mtad_edge.loader import LoadedPair, ModelOptions
 from mtad_edge.runtime.backend import Backend, Batch
 from mtad_edge.runtime.config import SamplingConfig
-from mtad_edge.runtime.controller import Costs, Model
-from mtad_edge.runtime.costs import median
-from mtad_edge.runtime.sampling import Columns, KeptRows
+from mtad_edge.runtime.drafting.controller import Costs, Model
+from mtad_edge.runtime.drafting.costs import median
+from mtad_edge.runtime.rules.sampling import Columns, KeptRows
 
 _TEXT = "The quick brown fox jumps over the lazy dog while the river runs quietly past the old mill."
 PREFIX_TOKENS = 24  # the context the calls are timed on: short, so a calibration stays about a second

@@ -33,11 +33,11 @@ from mtad_edge.pairs import Pair, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Segments
 from mtad_edge.runtime.config import DecodeConfig
-from mtad_edge.runtime.controller import Model
 from mtad_edge.runtime.decoding import Generation, Stats
+from mtad_edge.runtime.drafting.controller import Model
 from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, OptionError, json_int, quoted
 from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
-from mtad_edge.runtime.special import TooLong
+from mtad_edge.runtime.text.special import TooLong
 from mtad_edge.textstream import StopText, TextStream
 
 

@@ -13,12 +13,14 @@ from typing import Any, Optional
 import mtad_edge.rpc_build as rpc_build
 import mtad_edge.store as store
 from mtad_edge.pairs import GPU_LAYERS_MAX, Pair, valid_gpu_layers
-from mtad_edge.runtime import amx, chat, guard, methods
+from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Backend, Segments
-from mtad_edge.runtime.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
+from mtad_edge.runtime.backends import amx, guard
+from mtad_edge.runtime.backends.rpc import Placement, gpu_offload, parse_endpoints
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError, json_int, quoted
-from mtad_edge.runtime.rpc import Placement, gpu_offload, parse_endpoints
-from mtad_edge.runtime.vocab import COVERAGE_SAMPLE, VocabMap, map_models
+from mtad_edge.runtime.text import chat
+from mtad_edge.runtime.text.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
+from mtad_edge.runtime.text.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
 # llama.cpp's GGML_MAX_N_THREADS: its CPU backend keeps per-thread state in arrays this long, and a
@@ -91,7 +93,7 @@ def load_backend(
     ``rpc``: the rpc servers' devices its layers go to (a llama.cpp model; the caller closes it).
     ``one_row``: a model called mostly a row at a time (the aux; LlamaCppConfig.one_row)."""
     if _backend_for(path, opts.backend) == "onnx":
-        from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
+        from mtad_edge.runtime.backends.ort_backend import OrtBackend, OrtConfig
 
         cfg = OrtConfig(
             n_ctx=n_ctx,
@@ -103,7 +105,7 @@ def load_backend(
             model_facts=StoredModelFacts(),
         )
         return OrtBackend(path, cfg)
-    from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+    from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
     return LlamaCppBackend(
         path,
@@ -254,7 +256,7 @@ def open_placement(servers: tuple[str, ...], target: Path, backend: str) -> Plac
     weight goes out."""
     if _backend_for(target, backend) != "llama.cpp":
         raise MtadEdgeError(f"--rpc places a llama.cpp model's layers; {target} runs on ONNX Runtime")
-    from mtad_edge.runtime.llama_cpp_backend import quiet_llama_logs
+    from mtad_edge.runtime.backends.llama_cpp_backend import quiet_llama_logs
 
     quiet_llama_logs()  # llama.cpp's log (the RPC backend's too) off the terminal
     placement = Placement.open(servers, rpc_build.library())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtad_edge.runtime.backend import Backend, Batch, common_prefix
-from mtad_edge.runtime.sampling import log_softmax
+from mtad_edge.runtime.rules.sampling import log_softmax
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from typing import Optional
 import mtad_edge.hub as hub
 import mtad_edge.store as store
 from mtad_edge.models import MANIFEST_DIR
+from mtad_edge.runtime.backends.rpc import parse_endpoints
 from mtad_edge.runtime.errors import MtadEdgeError, json_int, json_problem, quoted
-from mtad_edge.runtime.rpc import parse_endpoints
 
 DEFAULT_PAIR = "smollm2-135m"
 HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
@@ -309,7 +309,7 @@ def quantize(src: Path, dest: Path, ftype: str, threads: Optional[int] = None) -
     """llama.cpp quantization (allow_requantize) into a temporary file, renamed when done."""
     import llama_cpp
 
-    from mtad_edge.runtime.llama_cpp_backend import default_threads, quiet_llama_logs
+    from mtad_edge.runtime.backends.llama_cpp_backend import default_threads, quiet_llama_logs
 
     quiet_llama_logs()
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Optional
 
 import mtad_edge.store as store
-from mtad_edge.runtime import rpc
-from mtad_edge.runtime.amx import mapped_libraries
+from mtad_edge.runtime.backends import rpc
+from mtad_edge.runtime.backends.amx import mapped_libraries
 from mtad_edge.runtime.errors import RpcError
 
 LIBRARY = "libggml-rpc.so"  # ggml_backend_load_all() in the server looks for libggml-<name>.so beside it

@@ -1,6 +1,6 @@
 """mtad_edge.runtime: backends and decoders. Installed as ``mtad_edge.runtime``.
 
-Heavy backends are imported lazily: ``from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend``.
+Heavy backends are imported lazily: ``from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend``.
 """
 
 from .backend import Backend, Batch, VocabInfo

@@ -24,14 +24,14 @@ import numpy as np
 from . import methods
 from .backend import Backend, common_prefix, feed
 from .config import DecodeConfig
-from .controller import Controller, FixedController, Model, Plan
-from .drafter import Ahead, BeamDrafter, Draft
+from .drafting.aux import Ahead, BeamDrafter, Draft
+from .drafting.controller import Controller, FixedController, Model, Plan
+from .drafting.lookup import MATCH_EDGES, Lookup, NgramDrafter, match_class
 from .errors import ContextOverflowError, OptionError
 from .methods import StepResult, StepView
-from .ngram import MATCH_EDGES, Lookup, NgramDrafter, match_class
 from .options import AUTO, AUTO_WIDTH_MAX, REPEAT_N
-from .repeats import Seen
-from .vocab import CrossVocab, VocabMap
+from .rules.repeats import Seen
+from .text.vocab import CrossVocab, VocabMap
 
 TIMED_FIELDS = ("prefill_s", "draft_s", "verify_s")
 

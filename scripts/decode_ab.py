@@ -15,7 +15,7 @@ import time
 import llama_cpp as lib
 
 from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
 DEPTH, BURST, LAST = 23, 8, 1500  # a short prompt's cells first; stop before the context fills
 

@@ -173,7 +173,7 @@ if [[ $mode == table ]]; then  # every target shape against every aux shape, Q4_
   GGML_CUDA_DISABLE_GRAPHS=1 costs "$a" --aux "$a" --out "$out/graphs-off.json" | grep "aux\|as drafted\|ar T=0"
   # the exit of a process that used CUDA, its models closed (139 after every bench on 2026-11-28):
   # plain Python, then the console script (which ends without native finalization)
-  python3 -P -c "$first; from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend as B
+  python3 -P -c "$first; from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend as B
 from mtad_edge.runtime.backend import Batch
 m = B(sys.argv[1]); m.decode(Batch.run([1, 2, 3], 0)); m.close()" "$a" > "$out/exit-python.log" 2>&1
   echo "exit status: plain python $?"

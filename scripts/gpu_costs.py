@@ -25,10 +25,10 @@ from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.native import llama_bench
 from mtad_edge.calibrate import timed_rows
 from mtad_edge.runtime.backend import Batch
+from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
-from mtad_edge.runtime.tree import TokenTree, TreeVerifier
+from mtad_edge.runtime.rules.tree import TokenTree, TreeVerifier
 
 TARGET_ROWS = range(1, 10)
 AUX_BEAMS = range(1, 5)

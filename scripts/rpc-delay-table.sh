@@ -32,7 +32,7 @@ for port in "${ports[@]}"; do
 done
 for port in "${ports[@]}"; do  # ready once it answers the hello
   for _ in $(seq 100); do
-    "$py" -c "from mtad_edge.runtime.rpc import check_server; check_server('127.0.0.1:$port')" 2>/dev/null && break
+    "$py" -c "from mtad_edge.runtime.backends.rpc import check_server; check_server('127.0.0.1:$port')" 2>/dev/null && break
     sleep 0.2
   done
 done

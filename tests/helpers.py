@@ -71,7 +71,7 @@ class FakeLM:
         return [ord(c) % self.n_vocab for c in text]
 
     def tokenize_segments(self, segments, add_special: bool = True, limit=None) -> list[int]:
-        from mtad_edge.runtime.special import TooLong
+        from mtad_edge.runtime.text.special import TooLong
 
         ids = self.tokenize("".join(text for text, _ in segments), add_special)
         if limit is not None and len(ids) > limit:
@@ -222,7 +222,7 @@ TWO_TOKEN_RUN = 4
 def exact_two_token_joint(target, prompt, cfg) -> np.ndarray:
     """The exact distribution of the first two tokens a target alone samples after ``prompt``
     (flattened V x V), for chi-square tests of losslessness."""
-    from mtad_edge.runtime.sampling import filtered_logprobs
+    from mtad_edge.runtime.rules.sampling import filtered_logprobs
 
     p1 = np.exp(filtered_logprobs(target.logits_for(list(prompt)), cfg))
     joint = np.zeros((target.n_vocab, target.n_vocab))

@@ -9,7 +9,7 @@ import struct
 import threading
 from typing import Optional
 
-from mtad_edge.runtime.rpc import CONN_CAPS, REPLY, Cmd
+from mtad_edge.runtime.backends.rpc import CONN_CAPS, REPLY, Cmd
 
 
 class FakeServer:

@@ -10,7 +10,7 @@ import pytest
 from helpers import FakeLM, generate_tokens
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.drafter import Ahead
+from mtad_edge.runtime.drafting.aux import Ahead
 from mtad_edge.runtime.errors import OptionError
 
 PROMPT = [1, 2, 3]
@@ -172,7 +172,7 @@ def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
     clock): the loop would wait for the aux after every verify, so no draft is made ahead; the text
     is the in-line one."""
     from helpers import FakeClock
-    from mtad_edge.runtime.controller import Model
+    from mtad_edge.runtime.drafting.controller import Model
 
     model = Model()
     for rows in range(1, 6):

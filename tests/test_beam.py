@@ -11,7 +11,7 @@ from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.methods import get
-from mtad_edge.runtime.sampling import filtered_logprobs
+from mtad_edge.runtime.rules.sampling import filtered_logprobs
 
 PROMPT = [1, 2, 3, 4]
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from helpers import FakeLM, scripted_pair
-from mtad_edge.runtime.acceptance import Acceptance, Beams
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.controller import Controller, Model, Plan
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.drafter import Draft
+from mtad_edge.runtime.drafting.acceptance import Acceptance, Beams
+from mtad_edge.runtime.drafting.aux import Draft
+from mtad_edge.runtime.drafting.controller import Controller, Model, Plan
 from mtad_edge.runtime.methods import StepView, get
 
 

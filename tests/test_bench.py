@@ -17,7 +17,7 @@ from mtad_edge.cli import cli
 from mtad_edge.logprobs import token_logprobs
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.errors import MtadEdgeError
-from mtad_edge.runtime.sampling import log_softmax
+from mtad_edge.runtime.rules.sampling import log_softmax
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -128,7 +128,7 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
     assert ceil["gamma"] == 8 and ceil["block_efficiency"] >= 1 and ceil["x_ar"] > 0
     md = (out / "report.md").read_text()
     assert "| mtad |" in md and "MTAD sweep" in md and "Prompt lookup's ceiling on ar's texts" in md
-    from mtad_edge.runtime.llama_cpp_backend import uses_amx
+    from mtad_edge.runtime.backends.llama_cpp_backend import uses_amx
 
     machine = res["machine"]
     assert machine["amx"] == uses_amx() and set(machine["kernels"]) == {"target", "aux"}

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from helpers import generate_tokens, record_drafts, scripted_pair
-from mtad_edge.runtime import controller
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.controller import Acceptance, Controller, Costs, Delivered, FixedController, Model, Plan
 from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.drafting import controller
+from mtad_edge.runtime.drafting.controller import Acceptance, Controller, Costs, Delivered, FixedController, Model, Plan
 
 
 def simulate(ctrl: Controller, steps: int, target_s, aux_s, accept_p, rng, max_gamma: int = 8, catchup_s=None):

@@ -16,9 +16,9 @@ from helpers import (
 )
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.drafter import BeamDrafter
+from mtad_edge.runtime.drafting.aux import BeamDrafter
 from mtad_edge.runtime.errors import ContextOverflowError
-from mtad_edge.runtime.sampling import filtered_logprobs
+from mtad_edge.runtime.rules.sampling import filtered_logprobs
 
 PROMPT = [1, 2, 3]
 GREEDY = SamplingConfig(temperature=0.0)
@@ -107,7 +107,7 @@ def test_beams_drawn_over_the_top_k_alone_are_the_draws_over_full_rows(monkeypat
     """Where top-k keeps a few tokens the drafter works on those entries alone, never building a
     full row (its q rows for sd included); from the same generator state it draws exactly the
     beams, per-token log q, dead ends and q rows that full rows give, draft after draft."""
-    from mtad_edge.runtime import drafter as drafter_module
+    from mtad_edge.runtime.drafting import aux as drafter_module
 
     runs = []
     for full in (False, True):

@@ -19,7 +19,7 @@ from helpers import (
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
 pytestmark = pytest.mark.slow
 

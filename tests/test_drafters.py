@@ -19,11 +19,11 @@ from helpers import (
 )
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.drafter import Draft
+from mtad_edge.runtime.drafting.aux import Draft
+from mtad_edge.runtime.drafting.lookup import MATCH_EDGES
 from mtad_edge.runtime.errors import OptionError
 from mtad_edge.runtime.methods import StepView, get
-from mtad_edge.runtime.ngram import MATCH_EDGES
-from mtad_edge.runtime.sampling import filtered_logprobs
+from mtad_edge.runtime.rules.sampling import filtered_logprobs
 
 REPEATS = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # the last bigram recurs: lookup drafts "3 4 1 2"
 GREEDY = SamplingConfig(temperature=0.0)
@@ -114,7 +114,7 @@ def test_sd_with_the_default_drafter_keeps_the_target_distribution():
     """Under gamma 'auto' the default drafter mixes lookup and aux drafts step by step, as the
     controller chooses from what earlier runs taught it (as an engine's requests share one model):
     the first two tokens are still distributed as the target alone makes them."""
-    from mtad_edge.runtime.controller import Model
+    from mtad_edge.runtime.drafting.controller import Model
 
     sampling, model = SamplingConfig(1.0, 0, 1.0), Model()
     target, aux = FakeLM(salt=1, sharpness=1.0), FakeLM(salt=7, n_seq_max=3, sharpness=1.0)
@@ -131,9 +131,9 @@ def test_sd_with_the_default_drafter_keeps_the_target_distribution():
 def test_lookups_of_each_match_class_are_learned_apart(monkeypatch):
     """A copied passage and a chance bigram are accepted at very different rates: each match class
     has its own acceptance, taught by its own drafts only."""
-    from mtad_edge.runtime.controller import Model
     from mtad_edge.runtime.decoding import Generation
-    from mtad_edge.runtime.ngram import NgramDrafter, match_class
+    from mtad_edge.runtime.drafting.controller import Model
+    from mtad_edge.runtime.drafting.lookup import NgramDrafter, match_class
 
     last, drafted_classes = [], set()
     lookup, lookup_draft = NgramDrafter.lookup, Generation._lookup_draft
@@ -170,8 +170,8 @@ def test_beside_lookup_an_idle_aux_is_fed_its_prompt_only_when_it_drafts():
     """Where the aux does not pay its controller stops planning drafts; beside lookup, the next
     request then leaves the aux's prompt unfed until the aux drafts (here: never). A fresh engine,
     or the aux drafting alone, feeds it up front."""
-    from mtad_edge.runtime.controller import Model
     from mtad_edge.runtime.decoding import AUX_IDLE_PLANS
+    from mtad_edge.runtime.drafting.controller import Model
 
     prompt = list(range(40))  # no bigram recurs: lookup finds little
     clock = FakeClock()
@@ -199,8 +199,8 @@ def test_beside_an_aux_that_plans_a_plain_step_lookup_drafts_as_it_chose(monkeyp
     """Lookup's controller chose its draft over a plain step by its own measure (its forecasts
     scaled by what its steps delivered); an aux planning a plain step does not overrule it, while
     an aux planning a faster draft does."""
-    from mtad_edge.runtime.controller import Controller, Plan
     from mtad_edge.runtime.decoding import Generation
+    from mtad_edge.runtime.drafting.controller import Controller, Plan
 
     target, aux = FakeLM(salt=1, n_seq_max=9), FakeLM(salt=2, n_seq_max=9)
     cfg = DecodeConfig("sd", 8, gamma="auto", drafter="ngram+aux", sampling=GREEDY)
@@ -220,9 +220,9 @@ def test_a_plain_step_beside_the_aux_earns_lookups_next_probe_too(monkeypatch):
     """Where lookup planned no draft and the aux stepped plainly, the plain step counts toward
     lookup's probe budget as its own plain steps do: else a lookup class that stopped drafting
     beside the aux never probes again (and ngram+aux drafts less than ngram alone)."""
-    from mtad_edge.runtime.controller import Plan
     from mtad_edge.runtime.decoding import Generation
-    from mtad_edge.runtime.ngram import match_class
+    from mtad_edge.runtime.drafting.controller import Plan
+    from mtad_edge.runtime.drafting.lookup import match_class
 
     target, aux = FakeLM(salt=1, n_seq_max=9), FakeLM(salt=2, n_seq_max=9)
     prompt = [0, 3] + [1, 2, 3, 4] * 5

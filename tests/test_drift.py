@@ -16,8 +16,8 @@ import mtad_edge.calibrate as calibrate
 from helpers import FakeClock, FakeLM, drifting_pair
 from mtad_edge.bench.run import run_order
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.controller import Costs, Model
 from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.drafting.controller import Costs, Model
 
 # An x4 stand-in's shape: a verify row adds 5 % to a 10 ms call, an aux row costs a tenth of one,
 # and the aux keeps 56 % of depth 1 at T = 0: drafting pays about 1.45x (sd against ar in the

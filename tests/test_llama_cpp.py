@@ -16,15 +16,15 @@ from helpers import (
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair
 from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.errors import IncompatiblePairError, ModelLoadError
-from mtad_edge.runtime.llama_cpp_backend import (
+from mtad_edge.runtime.backends.llama_cpp_backend import (
     CPU_FLASH_ATTN_OFF_HEAD,
     LlamaCppBackend,
     LlamaCppConfig,
     flash_attention,
 )
+from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
+from mtad_edge.runtime.decoding import Generation
+from mtad_edge.runtime.errors import IncompatiblePairError, ModelLoadError
 from mtad_edge.textstream import detokenize
 
 pytestmark = pytest.mark.slow

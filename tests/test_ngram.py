@@ -7,7 +7,7 @@ import pytest
 
 from helpers import FakeLM, chi2_critical, chi2_stat, deterministic_q, exact_two_token_joint
 from mtad_edge.runtime.config import SamplingConfig
-from mtad_edge.runtime.ngram import (
+from mtad_edge.runtime.drafting.lookup import (
     MATCH_CAP,
     MATCH_EDGES,
     NGRAM_MAX,
@@ -15,8 +15,8 @@ from mtad_edge.runtime.ngram import (
     NgramDrafter,
     match_class,
 )
-from mtad_edge.runtime.sampling import filtered_logprobs
-from mtad_edge.runtime.verify import block_verify, match_verify, speculative_verify
+from mtad_edge.runtime.rules.sampling import filtered_logprobs
+from mtad_edge.runtime.rules.verify import block_verify, match_verify, speculative_verify
 
 
 def naive(tokens, gamma, n_min=NGRAM_MIN, n_max=NGRAM_MAX):

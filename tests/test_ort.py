@@ -17,10 +17,10 @@ from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions, open_pair
 from mtad_edge.pairs import Pair, load_manifest, prepare
 from mtad_edge.runtime.backend import Batch
-from mtad_edge.runtime.compat import check_pair
+from mtad_edge.runtime.backends.ort_backend import OrtBackend, OrtConfig
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
-from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
+from mtad_edge.runtime.text.compat import check_pair
 
 pytestmark = pytest.mark.slow
 HAS_CUDA = "CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers()
@@ -34,7 +34,7 @@ def ort_models(onnx_pair):
 
 
 def test_greedy_ar_on_onnx_agrees_with_hf_and_llama_cpp(ort_models, hf_smol, smol_files):
-    from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+    from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
 
     with LlamaCppBackend(smol_files.target, LlamaCppConfig(n_ctx=256)) as f16:
         agree, total = greedy_agreement(ort_models.target, hf_smol, f16, PROMPTS)

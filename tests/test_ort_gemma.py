@@ -4,9 +4,9 @@
 import pytest
 
 from helpers import assert_drafting_equals_greedy_ar, assert_rollback_equals_fresh, greedy_agreement
-from mtad_edge.runtime.compat import check_pair
-from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
-from mtad_edge.runtime.ort_backend import OrtBackend, OrtConfig
+from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig
+from mtad_edge.runtime.backends.ort_backend import OrtBackend, OrtConfig
+from mtad_edge.runtime.text.compat import check_pair
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtad_edge.runtime.gguf_header import MAX_KV, Header, HeaderError, Tensor, read_header
-from mtad_edge.runtime.repack import (
+from mtad_edge.runtime.backends.gguf_header import MAX_KV, Header, HeaderError, Tensor, read_header
+from mtad_edge.runtime.backends.repack import (
     CPU_BUFFER,
     REPACK_BUFFER,
     REPACK_KINDS,
@@ -164,7 +164,7 @@ def test_with_working_amx_llama_cpp_places_the_weights_but_float_matrices_stay_i
 
 
 def test_the_amx_child_tries_a_kind_of_every_weight_type_amx_takes_but_never_the_embedding():
-    from mtad_edge.runtime.amx import probed_kinds
+    from mtad_edge.runtime.backends.amx import probed_kinds
 
     kind = [rf"^blk\.[0-9]+\.{kind}\.weight$" for kind in REPACK_KINDS]
     tied = model() | {"token_embd.weight": (Q8_0, (64, 1024))}  # the default pair's aux: Q4_0, Q8_0 output
@@ -180,7 +180,7 @@ def test_the_amx_child_counts_as_working_only_when_it_exits_cleanly_in_time():
     import subprocess
     import sys
 
-    from mtad_edge.runtime.amx import exit_status
+    from mtad_edge.runtime.backends.amx import exit_status
 
     kill = "import os, signal; os.kill(os.getpid(), signal.{})"
     assert exit_status([sys.executable, "-c", "pass"], 60) == 0
@@ -212,7 +212,7 @@ class Crashes:
 def test_only_a_child_killed_by_a_signal_is_kept_and_a_kept_crash_asks_no_child(monkeypatch):
     import sys
 
-    from mtad_edge.runtime import amx
+    from mtad_edge.runtime.backends import amx
 
     children: list[str] = []
     # SIGILL, clean, timed out, failed to load, SIGKILL (the OOM killer), SIGINT (Ctrl-C), SIGSEGV
@@ -242,7 +242,7 @@ def test_only_a_child_killed_by_a_signal_is_kept_and_a_kept_crash_asks_no_child(
 
 def test_crashes_are_kept_in_the_cache_by_build_and_weight_types(monkeypatch, tmp_path):
     from mtad_edge import loader
-    from mtad_edge.runtime import amx
+    from mtad_edge.runtime.backends import amx
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path))
     library = tmp_path / "libggml-cpu.so"
@@ -275,7 +275,7 @@ def test_the_build_identity_names_the_llama_cpp_libraries_this_process_mapped():
     import sys
 
     llama_cpp = pytest.importorskip("llama_cpp")
-    from mtad_edge.runtime.amx import build_identity
+    from mtad_edge.runtime.backends.amx import build_identity
 
     identity = build_identity()
     if not sys.platform.startswith("linux"):
@@ -305,10 +305,10 @@ def test_on_amx_machines_the_q4_0_aux_runs_repacked_and_drafts_the_same_distribu
     name, or sent to AMX where a child ran this build's AMX kernels; its logits stay those of the
     same weights (llama.cpp rounds activations a little differently there), and the F16 target
     has nothing to repack."""
-    from mtad_edge.runtime import amx as amx_probe
-    from mtad_edge.runtime import llama_cpp_backend as lb
     from mtad_edge.runtime.backend import Batch
-    from mtad_edge.runtime.gguf_header import read_header
+    from mtad_edge.runtime.backends import amx as amx_probe
+    from mtad_edge.runtime.backends import llama_cpp_backend as lb
+    from mtad_edge.runtime.backends.gguf_header import read_header
 
     if not lb.uses_amx():
         pytest.skip("extra buffer types stay on without AMX: llama.cpp repacks by itself")
@@ -342,7 +342,7 @@ def test_on_amx_machines_the_q4_0_aux_runs_repacked_and_drafts_the_same_distribu
         reference = plain.decode(Batch.run(tokens, 0, logits="all")).copy()
     finally:
         plain.close()
-    from mtad_edge.runtime.sampling import log_softmax
+    from mtad_edge.runtime.rules.sampling import log_softmax
 
     p, q = log_softmax(reference), log_softmax(repacked)
     kl = float((np.exp(p) * (p - q)).sum(-1).mean())
@@ -354,7 +354,7 @@ def test_the_one_row_probe_asks_its_own_child_and_keeps_nothing(monkeypatch):
     """Where the tiles crash, a child asked for one row tells whether AMX's one-row kernel runs
     (LlamaCppConfig.one_row): a verdict of its own, never read from or written to the store,
     whose crashes are the tiles'."""
-    from mtad_edge.runtime import amx
+    from mtad_edge.runtime.backends import amx
 
     asked: list[list[str]] = []
 
@@ -375,8 +375,8 @@ def test_a_backend_called_one_row_at_a_time_gives_one_calls_logits(smol_files):
     """``one_row`` splits every call into calls of one row (AMX's one-row kernel where its tiles
     crash): a prompt with logits for every row, then beams on two sequences at one position, give
     the logits and the cache one call gives, on any machine (the split is forced here)."""
-    from mtad_edge.runtime import llama_cpp_backend as lb
     from mtad_edge.runtime.backend import Batch
+    from mtad_edge.runtime.backends import llama_cpp_backend as lb
 
     aux = lb.LlamaCppBackend(smol_files.aux, lb.LlamaCppConfig(n_ctx=256, n_seq_max=3, n_threads=2))
     try:
@@ -405,10 +405,10 @@ def test_on_amx_machines_an_aux_whose_tiles_crash_runs_amx_one_row_at_a_time(smo
     """The default pair's Q4_0 aux loaded as the loader loads an aux: to AMX, one row a call,
     where the tiles crash and the one-row child ran; to AMX whole where the tiles run; logits of
     the same weights as the repacked load."""
-    from mtad_edge.runtime import amx as amx_probe
-    from mtad_edge.runtime import llama_cpp_backend as lb
     from mtad_edge.runtime.backend import Batch
-    from mtad_edge.runtime.gguf_header import read_header
+    from mtad_edge.runtime.backends import amx as amx_probe
+    from mtad_edge.runtime.backends import llama_cpp_backend as lb
+    from mtad_edge.runtime.backends.gguf_header import read_header
 
     if not lb.uses_amx():
         pytest.skip("no AMX on this CPU")

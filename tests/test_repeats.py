@@ -6,9 +6,9 @@ import pytest
 
 from helpers import TWO_TOKEN_RUN, FakeLM, chi2_critical, chi2_stat, exact_two_token_joint, generate_tokens
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
-from mtad_edge.runtime.repeats import Seen, ban
-from mtad_edge.runtime.tree import mmtad_accept
-from mtad_edge.runtime.verify import mtad_accept_length
+from mtad_edge.runtime.rules.repeats import Seen, ban
+from mtad_edge.runtime.rules.tree import mmtad_accept
+from mtad_edge.runtime.rules.verify import mtad_accept_length
 
 
 def repeated_ngrams(tokens, n, start):

@@ -19,7 +19,7 @@ from helpers import FakeLM, Served, SlowLM, fake_engine, wait_until
 from mtad_edge.engine import Engine
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import OptionError
-from mtad_edge.runtime.sampling import log_softmax
+from mtad_edge.runtime.rules.sampling import log_softmax
 
 
 def engine_over(target, aux=None, **defaults) -> Engine:

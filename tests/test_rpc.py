@@ -24,9 +24,9 @@ from helpers import EXE
 from mtad_edge.bench.relay import DelayRelay
 from mtad_edge.cli import cli
 from mtad_edge.loader import ModelOptions
-from mtad_edge.runtime import rpc
+from mtad_edge.runtime.backends import rpc
+from mtad_edge.runtime.backends.rpc import CONN_CAPS, Cmd, Guard, Placement, check_server, parse_endpoints
 from mtad_edge.runtime.errors import MtadEdgeError, RpcError
-from mtad_edge.runtime.rpc import CONN_CAPS, Cmd, Guard, Placement, check_server, parse_endpoints
 from rpcfake import Client, CutProxy, FakeServer
 
 

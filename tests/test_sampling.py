@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from mtad_edge.runtime.config import SamplingConfig
-from mtad_edge.runtime.sampling import (
+from mtad_edge.runtime.rules.sampling import (
     FEW_KEPT,
     Columns,
     KeptRows,

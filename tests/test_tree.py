@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mtad_edge.runtime.tree import TokenTree, greedy_tree_accept, mmtad_accept
+from mtad_edge.runtime.rules.tree import TokenTree, greedy_tree_accept, mmtad_accept
 
 L = np.log
 

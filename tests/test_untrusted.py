@@ -23,7 +23,7 @@ from mtad_edge.runtime.errors import ModelLoadError
     ],
 )
 def test_a_chat_template_that_reaches_for_python_internals_is_refused(attack, tmp_path, monkeypatch):
-    from mtad_edge.runtime.chat import render
+    from mtad_edge.runtime.text.chat import render
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ModelLoadError, match="chat template refused") as e:
@@ -32,7 +32,7 @@ def test_a_chat_template_that_reaches_for_python_internals_is_refused(attack, tm
 
 
 def test_a_chat_template_that_asks_for_gigabytes_is_refused():
-    from mtad_edge.runtime.chat import render
+    from mtad_edge.runtime.text.chat import render
 
     # Sizes that a machine survives without the bound (100 MB, 80 MB), so the test is safe anywhere.
     for bomb in ("{{ 'x' * 100000000 }}", "{{ [0] * 10000000 }}", "{{ 10 ** 100000 }}"):
@@ -41,7 +41,7 @@ def test_a_chat_template_that_asks_for_gigabytes_is_refused():
 
 
 def test_real_templates_still_render_in_the_sandbox():
-    from mtad_edge.runtime.chat import render
+    from mtad_edge.runtime.text.chat import render
 
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     assert render("gemma", msgs) == "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
@@ -385,7 +385,7 @@ def test_a_context_longer_than_the_model_was_trained_for_is_refused(smol_files, 
 def test_a_context_the_memory_cannot_hold_is_refused(smol_files, monkeypatch):
     from mtad_edge.loader import ModelOptions, open_pair
     from mtad_edge.pairs import Pair
-    from mtad_edge.runtime import llama_cpp_backend
+    from mtad_edge.runtime.backends import llama_cpp_backend
 
     monkeypatch.setattr(llama_cpp_backend, "_physical_memory", lambda: 64 << 20)  # a 64 MiB machine
     with pytest.raises(ModelLoadError, match=r"needs about .* GiB of KV cache.*about \d+ fits"):
@@ -459,7 +459,7 @@ def test_a_gguf_with_a_layer_count_llama_cpp_aborts_on_is_a_one_line_error(smol_
 
     from gguf import GGUFReader
 
-    from mtad_edge.runtime.gguf_header import read_block_count
+    from mtad_edge.runtime.backends.gguf_header import read_block_count
 
     model = tmp_path / "m.gguf"
     shutil.copyfile(smol_files.aux, model)
@@ -530,7 +530,7 @@ def test_the_guard_loads_a_file_once_per_identity_and_build(tmp_path, monkeypatc
     import os
 
     from mtad_edge.loader import StoredModelFacts
-    from mtad_edge.runtime import guard
+    from mtad_edge.runtime.backends import guard
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["a build"])
@@ -553,7 +553,7 @@ def test_a_child_that_fails_cleanly_or_runs_out_of_time_proves_nothing_and_keeps
     """llama.cpp's own refusal is reported by the load that follows (its words, not ours); a
     child past its time (a slow disk) lets the load go on as before the guard."""
     from mtad_edge.loader import StoredModelFacts
-    from mtad_edge.runtime import guard
+    from mtad_edge.runtime.backends import guard
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr("mtad_edge.loader._llama_build", lambda: ["a build"])
@@ -566,7 +566,7 @@ def test_a_child_that_fails_cleanly_or_runs_out_of_time_proves_nothing_and_keeps
 
 
 def test_a_child_killed_by_a_signal_is_named_with_its_last_words(tmp_path, monkeypatch):
-    from mtad_edge.runtime import guard
+    from mtad_edge.runtime.backends import guard
 
     model = tmp_path / "m.onnx"
     err = b"noise\n/src/onnxruntime/core/graph.cc:88: something broke\nmore\n"

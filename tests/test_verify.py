@@ -7,10 +7,10 @@ import pytest
 from helpers import FakeLM, chi2_critical, chi2_stat, deterministic_q
 from mtad_edge.runtime.backend import Batch
 from mtad_edge.runtime.config import SamplingConfig
-from mtad_edge.runtime.drafter import Draft
+from mtad_edge.runtime.drafting.aux import Draft
 from mtad_edge.runtime.methods import StepView, get
-from mtad_edge.runtime.sampling import Columns, KeptRows, filtered_logprobs, sample, sample_logits
-from mtad_edge.runtime.verify import (
+from mtad_edge.runtime.rules.sampling import Columns, KeptRows, filtered_logprobs, sample, sample_logits
+from mtad_edge.runtime.rules.verify import (
     block_residual,
     block_stop_prob,
     block_verify,

@@ -12,8 +12,8 @@ from mtad_edge.runtime.backend import VocabInfo
 from mtad_edge.runtime.config import DecodeConfig, SamplingConfig
 from mtad_edge.runtime.decoding import Generation
 from mtad_edge.runtime.errors import IncompatiblePairError
-from mtad_edge.runtime.sampling import filtered_logprobs
-from mtad_edge.runtime.vocab import CrossVocab, VocabMap, build_map, map_models
+from mtad_edge.runtime.rules.sampling import filtered_logprobs
+from mtad_edge.runtime.text.vocab import CrossVocab, VocabMap, build_map, map_models
 
 # Token 0 is a control token in both (it prints nothing). The target has "ba" and "cd" the aux
 # lacks; the aux has "dc" and "e" the target lacks; "a", "b", "c", "d", "ab" are shared.

@@ -15,8 +15,8 @@ from mtad_edge.cli import cli  # noqa: E402
 from mtad_edge.export.widen import StandinExport, export_standin, widen  # noqa: E402
 from mtad_edge.pairs import load_manifest, prepare  # noqa: E402
 from mtad_edge.runtime.backend import Batch  # noqa: E402
+from mtad_edge.runtime.backends.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig  # noqa: E402
 from mtad_edge.runtime.errors import MtadEdgeError  # noqa: E402
-from mtad_edge.runtime.llama_cpp_backend import LlamaCppBackend, LlamaCppConfig  # noqa: E402
 from mtad_edge.store import sha256_file  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    return"]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from mtad_edge.runtime.backend import common_prefix
-from mtad_edge.runtime.ngram import NgramDrafter
+from mtad_edge.runtime.drafting.lookup import NgramDrafter
 
 
 def keepable(prompt: Sequence[int], tokens: Sequence[int], gamma: int) -> list[int]:

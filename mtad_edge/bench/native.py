@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
+from mtad_edge.runtime.backends.llama_cpp_backend import uses_amx
 from mtad_edge.runtime.errors import MtadEdgeError
-from mtad_edge.runtime.llama_cpp_backend import uses_amx
 
 
 def _tool(bin_dir: Path, name: str) -> Path:

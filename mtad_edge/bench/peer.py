@@ -27,9 +27,9 @@ from typing import IO, Any, Optional
 
 from mtad_edge.bench.drafting import share
 from mtad_edge.bench.native import flash_attn_flags
+from mtad_edge.runtime.backends.llama_cpp_backend import uses_amx
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError
-from mtad_edge.runtime.llama_cpp_backend import uses_amx
 
 HOST = "127.0.0.1"
 # The tuned draft: longer drafts, cut where the aux's own top probability falls below 0.5

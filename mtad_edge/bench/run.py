@@ -23,9 +23,9 @@ from mtad_edge.bench.lookup import keepable
 from mtad_edge.bench.quality import quality, run_counts
 from mtad_edge.bench.variants import Variant
 from mtad_edge.engine import Engine, check_text
+from mtad_edge.runtime.backends.rpc import REPLY, Cmd
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import ContextOverflowError, MtadEdgeError, json_problem
-from mtad_edge.runtime.rpc import REPLY, Cmd
 
 
 @dataclass(frozen=True)

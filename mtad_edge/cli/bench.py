@@ -49,9 +49,9 @@ from mtad_edge.cli.options import (
     write_out,
 )
 from mtad_edge.loader import aux_gpu_layers
-from mtad_edge.runtime.controller import Controller, Model
+from mtad_edge.runtime.backends.llama_cpp_backend import default_threads, uses_amx
+from mtad_edge.runtime.drafting.controller import Controller, Model
 from mtad_edge.runtime.errors import MtadEdgeError, json_problem
-from mtad_edge.runtime.llama_cpp_backend import default_threads, uses_amx
 from mtad_edge.runtime.methods import names as method_names
 from mtad_edge.runtime.options import OPTIONS
 

@@ -22,11 +22,11 @@ import mtad_edge.store as store
 from mtad_edge.engine import Engine
 from mtad_edge.loader import BACKENDS, PROVIDERS, THREADS_MAX, ModelOptions
 from mtad_edge.pairs import DEFAULT_PAIR, GPU_LAYERS_MAX, Pair, resolve
-from mtad_edge.runtime.compat import MISMATCH_MODES
+from mtad_edge.runtime.backends.rpc import parse_endpoints
 from mtad_edge.runtime.config import DECODE_FIELDS, SAMPLING_FIELDS, DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError
 from mtad_edge.runtime.options import OPTIONS, Option
-from mtad_edge.runtime.rpc import parse_endpoints
+from mtad_edge.runtime.text.compat import MISMATCH_MODES
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 

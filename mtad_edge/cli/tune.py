@@ -14,8 +14,8 @@ import mtad_edge.floors as floors
 import mtad_edge.tune as tuning
 from mtad_edge.bench.run import load_prompts
 from mtad_edge.cli.options import ModelChoice, decode_config, errors_as_click, model_options, request_option
+from mtad_edge.runtime.backends.llama_cpp_backend import default_threads
 from mtad_edge.runtime.errors import MtadEdgeError
-from mtad_edge.runtime.llama_cpp_backend import default_threads
 from mtad_edge.store import os_error
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..drafter import Draft
+from ..drafting.aux import Draft
 from .base import Layout, Method, StepResult, StepView, plain_step
 
 

@@ -16,10 +16,10 @@ from typing import ClassVar, Optional, TypeVar
 import numpy as np
 
 from ..backend import Backend, TokenIds, feed
-from ..drafter import Draft
-from ..repeats import Seen
-from ..sampling import Columns, Filter, KeptRows, sample_logits
-from ..verify import greedy_accept_length
+from ..drafting.aux import Draft
+from ..rules.repeats import Seen
+from ..rules.sampling import Columns, Filter, KeptRows, sample_logits
+from ..rules.verify import greedy_accept_length
 
 R = TypeVar("R")  # what a step reads from a target call's logits
 

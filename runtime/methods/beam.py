@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..drafter import BeamDrafter, Draft, beam_cells, beam_slots
+from ..drafting.aux import BeamDrafter, Draft, beam_cells, beam_slots
 from .base import Call, Layout, Method, StepResult, StepView
 
 AUTO_WINDOW = 4  # gamma 'auto' (and width 'auto'): the paper's gamma 4 and beam width 4

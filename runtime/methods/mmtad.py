@@ -8,10 +8,10 @@ from typing import Optional
 
 import numpy as np
 
-from ..drafter import Draft, beam_cells, beam_slots
-from ..sampling import Columns, KeptRows, sample
-from ..tree import TokenTree, TreeVerifier, greedy_tree_accept, mmtad_accept
-from ..verify import greedy_accept_length, mtad_accept_length
+from ..drafting.aux import Draft, beam_cells, beam_slots
+from ..rules.sampling import Columns, KeptRows, sample
+from ..rules.tree import TokenTree, TreeVerifier, greedy_tree_accept, mmtad_accept
+from ..rules.verify import greedy_accept_length, mtad_accept_length
 from .base import Call, Layout, Method, StepResult, StepView, plain_step, repeat_bars
 from .mtad import JOINT_FLOOR, joint_step
 

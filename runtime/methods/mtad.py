@@ -7,9 +7,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..drafter import Draft, beam_cells, beam_slots
-from ..sampling import sample
-from ..verify import mtad_accept_length
+from ..drafting.aux import Draft, beam_cells, beam_slots
+from ..rules.sampling import sample
+from ..rules.verify import mtad_accept_length
 from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, repeat_bars, target_columns
 
 # A short draft makes the joint test less joint and gives MTAD's perplexity gain away (one token

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..drafter import Draft, beam_cells, beam_slots
-from ..verify import block_verify, match_verify, speculative_verify
+from ..drafting.aux import Draft, beam_cells, beam_slots
+from ..rules.verify import block_verify, match_verify, speculative_verify
 from .base import Layout, Method, StepResult, StepView, greedy_step, plain_step, target_call, target_columns
 
 

@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
-from .backend import Segments, VocabInfo
-from .errors import ContextOverflowError
+from ..backend import Segments, VocabInfo
+from ..errors import ContextOverflowError
 
 _SPACE = " \t\n\v\f\r"  # C's isspace, which llama.cpp's lstrip / rstrip use
 

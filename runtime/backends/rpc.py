@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..errors import RpcError, quoted
 from .amx import mapped_libraries
-from .errors import RpcError, quoted
 
 PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION (ggml-rpc.h) this module parses and llama.cpp speaks
 MAX_SERVERS = 16  # GGML_RPC_MAX_SERVERS

@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from .backend import Backend, Batch
+from ..backend import Backend, Batch
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, TypeVar
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 # Bounds on what a header may declare, far above any real model's (a 262k-token vocabulary is
 # one array; the largest models have a few thousand tensors).

@@ -20,13 +20,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .backend import Batch, Segments, VocabInfo, check_trained_context
-from .chat import render
-from .errors import ModelLoadError, MtadEdgeError, first_line, json_int, json_problem, quoted
+from ..backend import Batch, Segments, VocabInfo, check_trained_context
+from ..errors import ModelLoadError, MtadEdgeError, first_line, json_int, json_problem, quoted
+from ..text.chat import render
+from ..text.special import Special, SpecialTokens, tokenize
+from ..text.vocab import piece_bytes
 from .guard import ModelFacts, check_loads
 from .ort_kv import DeviceKV, HostKV
-from .special import Special, SpecialTokens, tokenize
-from .vocab import piece_bytes
 
 
 @dataclass(frozen=True)

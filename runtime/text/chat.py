@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any, Optional
 
-from .errors import ModelLoadError, first_line, quoted
+from ..errors import ModelLoadError, first_line, quoted
 
 Segment = tuple[str, bool]  # text, and whether special tokens written in it are parsed (backend.Segments)
 

@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from .backend import Backend
+from ..backend import Backend
 
 
 @dataclass(frozen=True)

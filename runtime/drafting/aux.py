@@ -22,10 +22,10 @@ from typing import Optional
 
 import numpy as np
 
-from .backend import Backend, Batch, common_prefix, feed
-from .repeats import Seen, ban
-from .sampling import Filter, KeptRows, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
-from .vocab import CrossVocab
+from ..backend import Backend, Batch, common_prefix, feed
+from ..rules.repeats import Seen, ban
+from ..rules.sampling import Filter, KeptRows, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
+from ..text.vocab import CrossVocab
 
 # Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
 KeepGoing = Callable[[int, float], bool]

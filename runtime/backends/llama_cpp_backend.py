@@ -20,14 +20,14 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..backend import Batch, Segments, VocabInfo, check_trained_context
+from ..errors import ModelLoadError, MtadEdgeError
+from ..text.special import Special, SpecialTokens, tokenize
 from .amx import VerdictStore, amx_works
-from .backend import Batch, Segments, VocabInfo, check_trained_context
-from .errors import ModelLoadError, MtadEdgeError
 from .gguf_header import read_block_count, read_header
 from .guard import ModelFacts, check_loads
 from .repack import REPACK_BUFFER, Overrides, amx_kinds, placements
 from .rpc import Placement, gpu_offload
-from .special import Special, SpecialTokens, tokenize
 
 _VOCAB_KINDS = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 # llama_token_attr bits (llama.h): the tokens llama.cpp cuts out of text before tokenising it

@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from ..errors import ModelLoadError
 from .amx import can_spawn_python, no_core_dump
-from .errors import ModelLoadError
 
-CHILD_MODULE = "mtad_edge.runtime.guard"
+CHILD_MODULE = "mtad_edge.runtime.backends.guard"
 LOADED = "loaded"  # the fact kept for a file a child loaded cleanly
 CHILD_CTX = 64  # the child's context, in cells: one token is decoded
 # A child reads the whole file once (the one-token decode touches every weight): a minute, plus

@@ -27,7 +27,7 @@ from .repack import AMX_BUFFER, TIED_OUTPUT, Overrides, amx_kinds, amx_matrices,
 PROBE_ROWS = 4  # more than one: one row takes AMX's VNNI path, which works even where tiles crash
 PROBE_TIMEOUT_S = 120.0  # the child loads one matrix kind and decodes once: a second or two
 PROBE_CTX = 64  # the child's context, in tokens
-PROBE_MODULE = "mtad_edge.runtime.amx"
+PROBE_MODULE = "mtad_edge.runtime.backends.amx"
 PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3  # prctl options (linux/prctl.h)
 LIBRARY_PREFIXES = ("libllama", "libggml")  # the shared libraries whose build decides the verdict
 PROC_MAPS = Path("/proc/self/maps")  # where Linux lists a process's mapped files

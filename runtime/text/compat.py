@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .backend import Backend
-from .errors import IncompatiblePairError
+from ..backend import Backend
+from ..errors import IncompatiblePairError
 from .vocab import MIN_COVERAGE
 
 MISMATCH_MODES = ("auto", "allow", "refuse")

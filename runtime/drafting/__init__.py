@@ -1,0 +1,1 @@
+"""Drafting: who proposes the tokens a method verifies, behind one protocol, and the controllers that price drafts."""

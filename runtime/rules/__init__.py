@@ -1,0 +1,1 @@
+"""The rules: pure numpy sampling, verification and tree acceptance, in the papers' notation (p = target, q = draft)."""

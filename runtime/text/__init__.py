@@ -1,0 +1,1 @@
+"""Text: chat templates, special tokens, vocabularies and how two of them meet."""
