@@ -170,8 +170,10 @@ def test_drafting_ahead_on_llama_cpp_gives_the_text_drafting_in_line_gives(smol_
 
 
 def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
-    """Costs known (a target call 1 ms, an aux call 10 ms): the loop would wait for the aux after
-    every verify, so no draft is made ahead; the text is the in-line one."""
+    """Costs known (a target call 1 ms, an aux call 10 ms, and so the calls take on the run's
+    clock): the loop would wait for the aux after every verify, so no draft is made ahead; the text
+    is the in-line one."""
+    from helpers import FakeClock
     from mtad_edge.runtime.drafting.controller import Model
 
     model = Model()
@@ -179,12 +181,13 @@ def test_no_draft_ahead_where_the_guess_alone_would_outlast_the_verify():
         for _ in range(3):
             model.target.observe(rows, 0.001)
             model.aux.observe(rows, 0.010)
-    model = model.copy(frozen=True)  # the run's own timings (microseconds on fake models) must not relearn them
     runs = []
     for ahead in ("off", "on"):
         cfg = DecodeConfig("mtad", 40, gamma=4, seed=5, sampling=SamplingConfig(0.0), draft_ahead=ahead)
-        target, aux = FakeLM(salt=1, n_seq_max=5), FakeLM(salt=1, n_seq_max=9)
-        runs.append(generate_tokens(target, aux, PROMPT, cfg, model=model))
+        clock = FakeClock()
+        target = FakeLM(salt=1, n_seq_max=5, clock=clock, cost=lambda rows: 0.001)
+        aux = FakeLM(salt=1, n_seq_max=9, clock=clock, cost=lambda rows: 0.010)
+        runs.append(generate_tokens(target, aux, PROMPT, cfg, model=model, clock=clock))
     (inline, _), (out, st) = runs
     assert out == inline and counted(st, "aux", "ahead_drafts") == 0
 

@@ -805,3 +805,50 @@ def test_an_output_folder_that_cannot_be_made_is_a_one_line_error_before_any_run
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: cannot make the output folder"), r.stderr
     assert "Not a directory" in lines[0] and blocker.read_text() == ""
+
+
+def test_each_variants_drafting_share_and_its_spread_over_repeats_are_reported():
+    """As the issue's two runs minutes apart (sd drafted 387 tokens, then 65, at the same
+    acceptance): every variant that drafted gets its drafted share, its share of drafting steps
+    and its drafted tokens per repeat with their spread, in results and report, llama-server's
+    settings beside ours; a repeat that drafted far less than the others shows in the spread."""
+    from helpers import fake_engine
+    from mtad_edge.bench.peer import aggregate as peer_aggregate
+    from mtad_edge.bench.report import report_markdown
+    from mtad_edge.bench.run import BenchConfig, aggregate, run_bench
+    from mtad_edge.bench.variants import Variant
+
+    engine = fake_engine(max_tokens=12)
+    prompts = [{"id": "a", "prompt": "abc"}, {"id": "b", "prompt": "dd"}]
+    variants = (Variant("ar", "ar"), Variant("sd", "sd"), Variant("mtad g=3", "mtad", {"gamma": 3}))
+    rows = run_bench(engine, prompts, BenchConfig(variants=variants, repeats=3, decode=engine.defaults))
+    agg = aggregate(rows, {v.label: v for v in variants})
+    assert agg["ar"]["drafted_repeats"] == [0, 0, 0] and agg["ar"]["drafting_steps_share"] == 0
+    for label in ("sd", "mtad g=3"):
+        mine = [[r for r in rows if r["label"] == label and r["repeat"] == k] for k in range(3)]
+        drafted = [sum(r["drafted"] for r in rr) for rr in mine]
+        steps = [sum(sum(r["gamma_hist"].values()) for r in rr) for rr in mine]
+        drafting = [sum(len(r["accept_lengths"]) for r in rr) for rr in mine]  # a verified draft a drafting step
+        a = agg[label]
+        assert a["drafted_repeats"] == drafted and sum(drafted) > 0
+        assert a["drafted_share"] == pytest.approx(sum(drafted) / a["generated"])
+        assert a["drafting_steps_share_repeats"] == pytest.approx([d / s for d, s in zip(drafting, steps)])
+    assert agg["mtad g=3"]["drafting_steps_share"] > 0.5  # a fixed gamma drafts but at a run's last token
+
+    def run(rep, drafted):
+        return {"repeat": rep, "generated": 384, "decoded": 383, "decode_s": 9.0, "drafted": drafted, "accepted": 0}
+
+    peer_rows = [run(0, 387), run(1, 65), run(2, 380)]
+    for r in peer_rows:
+        r.update(logprob_sum=None, tokens=[], start_s=0.1, prompt_tokens=5, prompt_sent=5)
+    flip = peer_aggregate(peer_rows)
+    assert flip["drafted_repeats"] == [387, 65, 380] and flip["drafted_spread"] == pytest.approx((387 - 65) / 380)
+    assert "drafting_steps_share" not in flip  # llama-server does not say how many steps it made
+
+    cfg = {"prompts": 2, "repeats": 3, "max_tokens": 12, "temperature": 1.0, "top_k": 10, "top_p": 0.9, "gamma": "auto"}
+    cfg |= {"beam_width": 4, "accept_threshold": 0.5, "threads": 2}
+    peer = {"binary": "llama-server", "temperature": 1.0, "settings": {"llama-server draft": flip}}
+    md = report_markdown({"pair": {"name": "fake"}, "config": cfg, "methods": agg, "llama_server": peer})
+    table = md.split("Drafting share")[1].split("\n\n")[1]  # after the header's paragraph
+    assert "| sd | " in table and "| mtad g=3 | " in table and "| ar | " not in table  # ar drafted nothing
+    assert "| llama-server draft | 72% (17%-101%) | – | 387, 65, 380 | 85% |" in table

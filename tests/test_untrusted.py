@@ -784,7 +784,7 @@ def test_a_damaged_calibration_record_is_timed_again(record, tmp_path, monkeypat
 
     monkeypatch.setenv("MTAD_EDGE_HOME", str(tmp_path))
     fresh = {"target": {1: 0.01, 2: 0.02, 3: 0.03}, "aux": {1: 0.005}}
-    monkeypatch.setattr(calibrate, "measure", lambda models, t, a: fresh)
+    monkeypatch.setattr(calibrate, "measure", lambda models, t, a: calibrate.Timings(fresh))
     pair = SimpleNamespace(target=tmp_path / "t.gguf", aux=tmp_path / "a.gguf")
     models = SimpleNamespace(target=SimpleNamespace(), aux=SimpleNamespace(n_seq_max=3), pair=pair, rpc=None)
     calibrate.calibrated_model(models, ModelOptions(), 2, 1, False)

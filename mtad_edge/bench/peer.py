@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Optional
 
+from mtad_edge.bench.drafting import share
 from mtad_edge.bench.native import flash_attn_flags
 from mtad_edge.runtime.backends.llama_cpp_backend import uses_amx
 from mtad_edge.runtime.config import DecodeConfig
@@ -459,6 +460,7 @@ def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": accepted / drafted if drafted else None,
+        **share(rows),  # how much it drafted, repeat by repeat
         "ppl": math.exp(-sum(r["logprob_sum"] for r in scored) / scored_n) if scored_n else None,
         "start_s": statistics.median(r["start_s"] for r in rows),
         # runs where the server's prompt count is not the tokens we sent (it would not compare)

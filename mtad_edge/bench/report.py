@@ -77,6 +77,7 @@ def report_markdown(results: dict) -> str:
     lines += _costs_table(results.get("learned_costs") or {})
     lines += _quality_tables(results)
     lines += _controller_table(methods)
+    lines += _drafting_table(methods, (results.get("llama_server") or {}).get("settings") or {})
     lines += _paired_table(results.get("paired") or [])
     lines += _vocab_table(methods)
     lines += _rpc_table(methods, results.get("rpc"))
@@ -329,6 +330,34 @@ def _controller_table(methods: dict) -> list[str]:
             f"| {_fmt(a.get('predicted_tokens_per_s'), '.1f')} | {_fmt(a['tokens_per_s'], '.1f')} "
             f"| {_fmt(a.get('predicted_over_realised'), '.2f')} "
             f"| {_fmt(_share(a.get('controller_s'), a.get('decode_s')), '.2%')} of decoding |"
+        )
+    return lines
+
+
+def _drafting_table(methods: dict, peer: dict) -> list[str]:
+    """How much each row that drafted drafted, repeat by repeat: where the controller's choice to
+    draft flips between repeats (a drifting machine), its spread shows it."""
+    rows = {label: a for label, a in {**methods, **peer}.items() if any(a.get("drafted_repeats") or ())}
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Drafting share (drafted tokens / generated, and the share of steps that drafted, over the run and"
+        " per repeat; the drafted tokens' spread: (max - min) / median over repeats):",
+        "",
+        "| row | drafted / generated (repeats) | steps that drafted (repeats) | drafted tokens per repeat | spread |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(a: dict, key: str) -> str:
+        each = [x for x in a.get(f"{key}_repeats") or () if x is not None]
+        span = f" ({min(each):.0%}-{max(each):.0%})" if len(each) > 1 else ""
+        return _fmt(a.get(key), ".0%") + span
+
+    for label, a in rows.items():
+        lines.append(
+            f"| {label} | {cell(a, 'drafted_share')} | {cell(a, 'drafting_steps_share')} "
+            f"| {', '.join(str(n) for n in a['drafted_repeats'])} | {_fmt(a.get('drafted_spread'), '.0%')} |"
         )
     return lines
 

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
+from mtad_edge.bench.drafting import share
 from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.judge import Judge
 from mtad_edge.bench.lookup import keepable
@@ -389,6 +390,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
             "gamma_hist": _hist(mine, "gamma_hist"),
             "width_hist": _hist(mine, "width_hist"),
             "alone_steps": sum(r.get("alone_steps", 0) for r in mine),
+            **share(mine),  # how much was drafted, repeat by repeat (the controller's choices)
             "predicted_tokens_per_s": statistics.median(f for f, _ in forecasts) if forecasts else None,
             "predicted_over_realised": statistics.median(f / speed for f, speed in forecasts) if forecasts else None,
             "controller_s": sum(r.get("controller_s", 0.0) for r in mine),

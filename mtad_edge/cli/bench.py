@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import statistics
@@ -505,6 +506,8 @@ def _learned_costs(model: Model) -> dict[str, Any]:
         "aux_ms": ms(model.aux.entries()),
         "tree_target_ms": ms(model.tree.entries()),
         "pace": round(model.pace.factor, 3),
+        # the aux's level against the target's, learned from the two models' calls of one step
+        "aux_level": round(math.exp(model.pace.aux), 3),
         "calibration_target_ms": ms(model.target.seed),
         "calibration_aux_ms": ms(model.aux.seed),
         "plain_step_overhead_ms": round(model.overhead * 1000, 3),

@@ -94,12 +94,16 @@ class Model:
     # it (per draft length, a length reached mostly by drafts cut short was read from their trees)
     nodes: dict[tuple[int, int], float] = field(default_factory=dict)
     frozen: bool = False  # learns no timings: plans depend only on the seed tables and the tokens
-    catchup: Optional[float] = None  # seconds per token the aux feeds when it drafts after plain steps, at pace 1
+    catchup: Optional[float] = None  # seconds per token the aux feeds when it drafts after plain steps, at its pace 1
     pace: Pace = field(default_factory=Pace)  # the machine's speed now, shared by the three tables
 
     def __post_init__(self) -> None:
-        for costs, timed in ((self.target, "target"), (self.aux, "aux"), (self.tree, "target")):
-            costs.pace, costs.model = self.pace, timed
+        for costs, timed, kind in (
+            (self.target, "target", "target"),
+            (self.aux, "aux", "aux"),
+            (self.tree, "target", "tree"),
+        ):
+            costs.pace, costs.model, costs.kind = self.pace, timed, kind
 
     def catchup_s(self, lag: int) -> float:
         """Seconds the aux spends feeding ``lag`` committed tokens it has not seen (the plain steps
@@ -107,7 +111,7 @@ class Model:
         if lag <= 0:
             return 0.0
         if self.catchup is not None:
-            return lag * self.catchup * self.pace.factor
+            return lag * self.catchup * math.exp(self.pace.level("aux"))
         return lag * max(self.aux(2) - self.aux(1), 0.0)
 
     def observe_catchup(self, rows: int, seconds: float) -> None:
@@ -117,7 +121,7 @@ class Model:
             return
         # Less the one-row call it includes, once that is measured (else all of it: a bit dear).
         per = max(0.0, seconds - self.aux(1)) / (rows - 1) if 1 in self.aux.table else seconds / rows
-        per /= self.pace.factor
+        per /= math.exp(self.pace.level("aux"))
         self.catchup = per if self.catchup is None else self.catchup + EMA_ALPHA * (per - self.catchup)
 
     def observe_overhead(self, drafting: bool, seconds: float) -> None:
@@ -160,7 +164,8 @@ TREE_FILL_GUESS = 0.75  # an unmeasured tree's nodes as a share of gamma x width
 PROBE_WIN = 1.25  # a probe re-arms the next one soon when its step ran this much faster than a plain step
 SWITCH_HORIZON = 8  # drafting steps over which a switch from plain steps must earn the aux's catch-up
 PROBE_BUDGET = 0.015  # and probes may lose at most this share of the time plain steps take between them
-PROBE_MAX = 64  # the longest wait between probes; each probe that loses doubles the wait up to it
+PROBE_MAX = 32  # the longest wait between probes; each probe that loses doubles the wait up to it
+PROBE_GAMMA = 2  # the shortest probe: one aux call as steady drafting makes it, after the catch-up
 PROBE_SOON = 2  # the wait after a probe that beat a plain step clearly (PROBE_WIN)
 STRETCH_EVERY = 16  # drafting steps between stretches: one token more than the plan, where that depth is new
 STRETCH_TRIES = 8.0  # a depth drafted this often (decayed) is measured: no more stretching to it
@@ -178,11 +183,16 @@ class Controller:
     tokens. Gamma 0 is one target row for one token. Plain and drafting steps learn their own
     overhead (time outside model calls). When gamma 0 wins it still drafts now and then, so that
     acceptance stays measured and a change of regime is noticed: after ``PROBE_FIRST`` plain steps,
-    doubling while probes lose, at most every ``PROBE_MAX`` (again after ``PROBE_SOON`` when a probe
-    beat a plain step clearly), and only once the plain steps since the last draft have earned the
-    probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux feeding the tokens it
-    skipped (``lag``), which is what a probe costs most where drafting does not pay: probes then
-    come early in a request, or not at all in a long one, and cost at most a few per cent.
+    doubling while probes lose, at most every ``PROBE_MAX``, and only once the plain steps since the
+    last draft have earned the probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux
+    feeding the tokens it skipped (``lag``), which is what a probe costs most where drafting does
+    not pay: probes then come early in a request, or not at all in a long one, and cost at most a
+    few per cent. A probe drafts ``PROBE_GAMMA`` tokens at least, so that an aux call as drafting on
+    would make it is timed beside its verify. One that beat a plain step clearly refuted the
+    forecast its loss was priced by: the next comes after ``PROBE_SOON`` plain steps, unpriced, and
+    so on while they win, so a controller that stopped drafting where drafting now pays is back
+    within a few dozen steps (the forecast alone would wait for the budget a long request may
+    never earn).
 
     A tree method (MMTAD) also weighs, at each width, verifying the best beam alone (``Plan.alone``:
     MTAD's straight verify, fewer rows) against the tree, from what each tree's best beam would
@@ -199,6 +209,7 @@ class Controller:
         free: bool = False,
     ):
         self.model, self.acc = model, model.for_key(key)
+        model.pace.gap()  # a new request: its calls are not compared with the last one's
         self.acc.follow = gammas[0] >= 1  # no plain steps to lose to optimism (Acceptance.survival)
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
         # A tree method may verify the best beam alone where its tree does not pay: what that keeps
@@ -333,16 +344,19 @@ class Controller:
         unknown = not (self.model.aux.known and self.model.target.known)
         if best.gamma == 0:
             acc.since_draft += 1
-            drafts = [p for p in options if p.gamma > 0]
+            # A probe drafts at least PROBE_GAMMA tokens: its aux calls after the first (which feeds
+            # the tokens the aux skipped) are what drafting on would make, and they are measured.
+            drafts = [p for p in options if p.gamma >= PROBE_GAMMA] or [p for p in options if p.gamma > 0]
             if drafts and acc.since_draft >= acc.probe_every:  # a probe: the best draft, if earned
                 probe = max(drafts, key=lambda p: p.rate)
                 loss = self.step_seconds(probe.gamma, probe.width, lag, alone=probe.alone)
                 loss -= probe.tokens * best.seconds / plain
-                if unknown or loss <= PROBE_BUDGET * acc.plain_s:
+                # a probe that beat plain steps clearly refuted the forecast this loss comes from
+                if unknown or acc.earned or loss <= PROBE_BUDGET * acc.plain_s:
                     acc.since_draft, acc.probe_every = 0, min(acc.probe_every * 2, PROBE_MAX)
-                    best, self._probing = probe, True
+                    best, self._probing, acc.earned = probe, True, False
         else:
-            acc.since_draft, acc.probe_every = 0, PROBE_FIRST
+            acc.since_draft, acc.probe_every, acc.earned = 0, PROBE_FIRST, False
             best = self._try_tree(self._stretch(best, options), options)
         best.timed = not unknown
         self._plan, self._beam_s, self._first_aux = best, None, None
@@ -381,7 +395,8 @@ class Controller:
         plan = self._plan
         if plan is None or depth >= plan.gamma:
             return False
-        if self._stretching or depth < min(plan.gamma, self.gammas[0]):  # a stretch, or the method's floor (MTAD: 4)
+        floor = max(self.gammas[0], PROBE_GAMMA if self._probing else 0)
+        if self._stretching or depth < min(plan.gamma, floor):  # a stretch, a probe, or the method's floor (MTAD: 4)
             return True
         acc, w, alone = self.table(plan.alone), plan.width, plan.alone
         survival = acc.survivals(w, plan.gamma)
@@ -416,7 +431,7 @@ class Controller:
             steady = seconds - m.catchup_s(self._lag)
             rate = (k + 1) / steady * self.acc.delivered.factor() if steady > 0 else 0.0
             if self._probing and rate > PROBE_WIN * plain_rate:
-                self.acc.probe_every = PROBE_SOON
+                self.acc.probe_every, self.acc.earned = PROBE_SOON, True
             self.acc.plain_s = 0.0
             if not m.frozen and plan.timed:
                 self.acc.delivered.add(steady, self.step_seconds(drafted, plan.width, alone=plan.alone))

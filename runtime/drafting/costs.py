@@ -1,19 +1,25 @@
 """What a model call costs on the machine at hand: seconds by rows evaluated, read through the
 machine's pace.
 
-- ``Pace``: how fast the machine runs now against the moment the entries describe, shared by a
-  pair's tables. The tables learn only the rows the current mode runs (a plain step: one target
-  row; a draft: aux beams and the verify), so without it the rows a mode does not run keep the
-  timings of another moment: when the machine slows during plain steps (another process, the OS,
-  a longer context), drafting looks cheap, and the other way round.
-- ``Costs``: one table (target, aux, tree verify): an entry per row count, at pace 1.
+The machine's speed drifts (other processes, the OS, heat: a shared VM's plain decoding ran 67 ms
+a token, then 88, minutes apart), and the rows one decision compares do not run at the same
+moments: plain steps run the target's one row, drafting steps the aux's beams and a verify. Timed
+at different moments (a one-row call in a fast spell, a verify in a slow one) they make drafting
+look dearer than it is, and a controller that then stops drafting never learns otherwise. So what
+an entry learns, it learns from calls made at the same moment as what it is compared with:
 
-Both learn in log space, through medians, so one call disturbed by a stall moves neither (see
-``Pace`` for how the two models' timings combine). An entry learns how its row differs from the
-machine's pace (the median of its last three such differences), and only where other rows ran
-lately: where one row runs alone (plain steps) nothing tells a change of that row from one of the
-machine, and the pace alone follows it. The split between the two therefore cannot wander while the
-machine is steady, which would carry the rows not run along with it.
+- A *moment* is a target call with the aux calls made since the one before: a step's draft and
+  its verify, milliseconds apart, at one speed of the machine.
+- ``Pace``: the machine's speed now (the last few moments' calls), and the aux's level against the
+  target's, learned only from the two models' calls of one moment.
+- ``Costs``: one table (target, aux, tree verify): an entry per row count, at pace 1. A new row
+  is timed against the calls of its own moment; an aux row learns how it differs from the other aux
+  calls of its moment. The target's one-row entry (plain steps') is the anchor: another target row
+  learns how it differs from it where it runs between plain steps (a probe), against their mean,
+  which a steady drift of the speed cancels. A row run over and over (plain steps) teaches the pace
+  alone: nothing beside it tells a change of that row from one of the machine.
+
+All of it in log space, through medians, so one call disturbed by a stall moves nothing.
 """
 
 from __future__ import annotations
@@ -22,58 +28,162 @@ import math
 from collections import deque
 from typing import Optional
 
-PACE_WINDOW = 7  # calls per model: a change of the machine's speed shows in the pace after four
-SHAPE_ALPHA = 0.2  # the share of its row's median difference from the others an entry takes, per call
-ROW_WINDOW = 3  # a row's last differences from the other rows, whose median moves its entry
+PACE_MOMENTS = 3  # moments whose calls' median is the pace: a change of speed shows after two
+PACE_READINGS = 3  # readings the pace (and the aux's level) need before they move: one stall moves nothing
+AGREE = 0.15  # log difference between readings beyond which they tell of a change, not noise
+GAP_WINDOW = 5  # moments whose aux-against-target difference (their median) sets the aux's level
+SHAPE_ALPHA = 0.2  # the share of its row's median difference from its neighbours an entry takes, once settled
+ROW_WINDOW = 3  # a row's first timings (their median sets it), its last differences (their median moves it)
 ONE_POINT_SLOPE = 0.1  # from one timing alone, each further row is guessed to add this share of it
+MAX_PENDING = 64  # aux calls kept for the target call that closes their moment
 
-
-Key = tuple[str, int, int]  # (the model timed: "target" or "aux", the table, rows): an entry
+Call = tuple["Costs", int, float]  # a table, the rows, log seconds
 
 
 class Pace:
-    """The machine's speed now, as the log of a factor every entry is read through.
+    """The machine's speed now (``log``, read through by the target's entries) and the aux's level
+    against the target's (``aux``: the aux's entries are read through ``log + aux``).
 
-    Per model (the target's tables, the aux's), the median of its last ``PACE_WINDOW`` calls' log
-    ratio of what they took to what their entry says at pace 1, once three calls say so. Where both
-    models ran lately, the pace is what they agree on (the smaller of the two where both say
-    slower, or both faster; else 1): the machine slows both, while a change of one model's calls (a
-    longer context, a new kernel path) is that model's entries' to learn. Where one model runs alone
-    (plain steps), it alone sets the pace."""
+    ``log`` is the median of the last ``PACE_MOMENTS`` moments' readings (each call's log seconds
+    less its entry's, an aux call's less ``aux`` too), or of the target's alone where the two
+    models part by more than noise: then one model changed, not the machine. ``aux`` is the median
+    of the last ``GAP_WINDOW`` moments' differences between the aux's calls and the target's call
+    of the moment, so a change of the machine's speed never moves it, and a change of one model (a
+    longer context, a process that slows one more than the other) moves it within three moments."""
 
-    def __init__(self, log: float = 0.0, frozen: bool = False):
-        self.log, self.frozen = log, frozen
-        self.recent: dict[str, deque[tuple[Key, float]]] = {}
-        self.last: dict[str, int] = {}  # the call count at each model's latest timing
-        self.calls = 0
+    def __init__(self, log: float = 0.0, frozen: bool = False, aux: float = 0.0):
+        self.log, self.aux, self.frozen = log, aux, frozen
+        # each moment's readings: the target's, the aux's
+        self.moments: deque[tuple[list[float], list[float]]] = deque(maxlen=PACE_MOMENTS)
+        # per moment: the target's table and rows, and the aux's readings less the target's
+        self.gaps: deque[tuple[tuple[str, int], float]] = deque(maxlen=GAP_WINDOW)
+        self.pending: list[Call] = []  # this moment's aux calls so far
+        self.calls: deque[tuple[int, float]] = deque(maxlen=ROW_WINDOW)  # the last target calls: rows, reading
+        self.waiting: Optional[tuple[Costs, int, float, float]] = None  # a row run after plain steps, and their level
+        self.anchored = False  # whether a call was timed: until then the pace is the calibration's
 
     @property
     def factor(self) -> float:
+        """The machine's pace: what the target's entries are read through."""
         return math.exp(self.log)
 
-    def observe(self, key: Key, log_ratio: float) -> None:
-        if self.frozen:
+    def level(self, model: str) -> float:
+        """The log factor ``model``'s entries are read through."""
+        return self.log + self.aux if model == "aux" else self.log
+
+    def gap(self) -> None:
+        """The calls before this were made at another time (a previous request: between two requests
+        a bench runs other tools): none of the calls to come is compared with them."""
+        if not self.frozen:
+            self.close(None)
+            self.calls.clear()
+            self.waiting = None
+
+    def close(self, call: Optional[Call]) -> None:
+        """The moment ends with the target's ``call`` (None: with no target call, as when the tables
+        are read with aux calls pending): what its calls teach."""
+        aux, self.pending = self.pending, []
+        if self.frozen or (call is None and not aux):
             return
-        self.calls += 1
-        self.recent.setdefault(key[0], deque(maxlen=PACE_WINDOW)).append((key, log_ratio))
-        self.last[key[0]] = self.calls
-        says = [median([r for _, r in q]) for q in self._live() if len(q) >= 3]
-        if says:
-            self.log = max(says) if max(says) < 0 else min(says) if min(says) > 0 else 0.0
+        if not self.anchored:
+            self._anchor(([call] if call is not None else []) + aux)
+        settled = [(t, r, x - math.log(t.table[r])) for t, r, x in aux if r in t.table and not t.young(r)]
+        target = None  # the target call's reading, where its entry is settled
+        if call is not None and call[1] in call[0].table and not call[0].young(call[1]):
+            target = call[2] - math.log(call[0].table[call[1]])
+        aux_level = None
+        if settled:
+            # The moment's most called aux row is its reference: the other aux rows learn how they
+            # differ from it, and the aux's level against the target's is the gap to it.
+            counts: dict[tuple[int, int], int] = {}
+            for t, r, _ in settled:
+                counts[(id(t), r)] = counts.get((id(t), r), 0) + 1
+            ref = max(counts, key=lambda k: (counts[k], -k[1]))
+            aux_level = median([y for t, r, y in settled if (id(t), r) == ref])
+            for t, r, y in settled:
+                if (id(t), r) != ref:
+                    t.learn(r, y - aux_level)
+            if target is not None:
+                gaps = self.gaps
+                key = (call[0].kind, call[1]) if call is not None else ("", 0)
+                others = [g for k, g in gaps if k != key]
+                if call is not None and call[1] != 1 and len(others) >= 2 and max(others) - min(others) <= AGREE:
+                    # While the other target rows' gaps to the aux hold still (the aux's level against
+                    # the target's), a row whose gap differs differs from them (at this very moment).
+                    target -= call[0].learn(call[1], target - (aux_level - median(others)), often=True)
+                gaps.append((key, aux_level - target))
+                if len(gaps) >= PACE_READINGS:
+                    self.aux = median([g for _, g in gaps])
+        # This moment's levels, for the entries still set by their first timings, from the calls of
+        # this very moment where they tell it: the aux's settled calls (once its level against the
+        # target's is measured), its calls on rows the calibration timed (against those timings),
+        # the target's settled call; else the pace, a step ago.
+        seeded = [x - math.log(t.seed[r]) for t, r, x in aux if r in t.seed]
+        if aux_level is not None and len(self.gaps) >= PACE_READINGS:
+            target_level = aux_level - self.aux
+        elif seeded:
+            target_level = median(seeded) - self.aux
+        else:
+            target_level = target if target is not None else self.log
+        own_aux = aux_level if aux_level is not None else target_level + self.aux
+        for t, r, x in aux:
+            if r not in t.table or t.young(r):
+                t.first(r, x - own_aux)
+        if call is not None and target is None:
+            call[0].first(call[1], call[2] - target_level)
+        if call is not None:
+            self._bracket(call[0], call[1], target)
+        if target is not None or settled:
+            self.moments.append(([target] if target is not None else [], [y for _, _, y in settled]))
+            self._settle()
 
-    def alone(self, key: Key) -> bool:
-        """Whether no other entry's timing is among the recent ones (nothing to tell that row
-        from the machine)."""
-        return all(k == key for q in self._live() for k, _ in q)
+    def _anchor(self, calls: list[Call]) -> None:
+        """The first call of a calibrated pair on a row the calibration timed: how fast the machine
+        runs against the calibration is the pace from then on."""
+        for t, r, x in calls:
+            if r in t.seed and r not in t.table:
+                self.log = x - math.log(t.seed[r]) - (self.aux if t.model == "aux" else 0.0)
+                break
+        self.anchored = True
 
-    def _live(self) -> list[deque[tuple[Key, float]]]:
-        """The models' recent timings, less those of a model not run lately."""
-        return [q for m, q in self.recent.items() if self.calls - self.last[m] < 2 * PACE_WINDOW]
+    def _bracket(self, costs: Costs, rows: int, reading: Optional[float]) -> None:
+        """The one-row entry, plain steps', is the anchor the other target rows are learned against:
+        a row run between plain steps (a probe) is compared with the mean of the plain steps on
+        either side (a steady drift of the machine's speed cancels), where they agree (no stall or
+        change of speed among them)."""
+        waiting, self.waiting = self.waiting, None
+        calls = self.calls
+        if reading is None:
+            calls.clear()  # a young entry's call: the calls before it are no longer the ones just before
+            return
+        if waiting is not None and rows == 1 and abs(reading - waiting[3]) <= AGREE:
+            table, r, y, level = waiting
+            table.learn(r, y - (level + reading) / 2)
+        plain = [y for r, y in calls if r == 1]
+        if rows != 1 and len(plain) >= 2 and calls[-1][0] == 1 and max(plain) - min(plain) <= AGREE:
+            self.waiting = (costs, rows, reading, median(plain))
+        calls.append((rows, reading))
+
+    def _settle(self) -> None:
+        """The pace from the last moments' readings: the median of both models' (the aux's in the
+        target's frame), while the two agree; where they part by more than noise, one model
+        changed (its level is the aux's to learn) and the target's own readings set the pace."""
+        mine = [r for own, _ in self.moments for r in own]
+        aux = [r - self.aux for _, other in self.moments for r in other]  # in the target's frame
+        if len(mine) + len(aux) < PACE_READINGS:
+            return
+        if len(mine) >= 2 and aux and abs(median(mine) - median(aux)) > AGREE:
+            self.log = median(mine)
+        else:
+            self.log = median(mine + aux)
 
     def copy(self, frozen: bool) -> Pace:
-        out = Pace(self.log, frozen)
-        out.recent = {m: deque(q, maxlen=PACE_WINDOW) for m, q in self.recent.items()}
-        out.last, out.calls = dict(self.last), self.calls
+        """The speed and what it is learned from (the moment in progress ended first)."""
+        self.close(None)
+        out = Pace(self.log, frozen, self.aux)
+        out.moments = deque(((list(a), list(b)) for a, b in self.moments), maxlen=PACE_MOMENTS)
+        out.gaps = deque(self.gaps, maxlen=GAP_WINDOW)
+        out.anchored = self.anchored
         return out
 
 
@@ -93,10 +203,12 @@ class Costs:
         model: str = "target",
     ):
         self.alpha, self.model = alpha, model  # model: which the table times, "target" or "aux"
+        self.kind = model  # which table it is ("target", "aux", "tree"): what its rows are told apart by
         self.pace = pace if pace is not None else Pace()
         self.table: dict[int, float] = {}  # seconds by rows, at pace 1
-        self._recent: dict[int, deque[float]] = {}  # a row's last log differences from the others
+        self._recent: dict[int, deque[float]] = {}  # a row's last log differences from its neighbours
         self._first: dict[int, list[float]] = {}  # a row's first ROW_WINDOW timings, log at pace 1 (fewer: young)
+        self._learned: dict[int, int] = {}  # how often a row has learned from its neighbours
         self.seed = dict(seed or {})
         self.prior = _line(self.seed)
         self._seed_top = max(self.seed, default=0)  # the most rows the calibration timed
@@ -112,37 +224,58 @@ class Costs:
         """The same seed and entries, read through ``pace`` (else a copy of this one's);
         ``frozen``: ignoring further observations."""
         out = Costs(self.alpha, self.seed, pace if pace is not None else self.pace.copy(frozen), self.model)
-        out.table, out.frozen = dict(self.table), frozen
+        out.table, out.frozen, out.kind = dict(self.table), frozen, self.kind
         out._recent = {r: deque(xs, maxlen=ROW_WINDOW) for r, xs in self._recent.items()}
         out._first = {r: list(xs) for r, xs in self._first.items()}
+        out._learned = dict(self._learned)
         return out
 
     def observe(self, rows: int, seconds: float) -> None:
+        """A call on ``rows`` took ``seconds``: an aux call waits for the target call that closes
+        its moment (the step's verify), a target call closes it."""
         if self.frozen or rows < 1 or not math.isfinite(seconds) or seconds < 0:
             return
-        x = math.log(max(seconds, 1e-9))
-        old = self.table.get(rows)
+        call = (self, rows, math.log(max(seconds, 1e-9)))
+        if self.model == "aux":
+            self.pace.pending.append(call)
+            del self.pace.pending[:-MAX_PENDING]
+        else:
+            self.pace.close(call)
+
+    def first(self, rows: int, level: float) -> None:
+        """One of a row's first timings, ``level`` (log, at pace 1): the first is its entry, then the
+        median of three (a stall among them dropped)."""
         first = self._first.setdefault(rows, [])
-        young = len(first) < ROW_WINDOW
-        if young:
-            first.append(x - self.pace.log)
-        if old is None:  # a new row: its entry at pace 1
-            self.table[rows] = math.exp(x - self.pace.log)
-            return
-        key, entry = (self.model, id(self), rows), math.log(old)
-        self.pace.observe(key, x - entry)
-        if self.pace.alone(key):
-            return
-        recent = self._recent.setdefault(rows, deque(maxlen=ROW_WINDOW))
-        recent.append(x - entry - self.pace.log)
-        if young:  # the median of its timings so far: a stall among the first three is dropped
+        if len(first) < ROW_WINDOW:
+            first.append(level)
+        if rows not in self.table or len(first) == ROW_WINDOW:
             self.table[rows] = math.exp(median(first))
-            return
-        shift = median(list(recent) + [0.0] * (ROW_WINDOW - len(recent)))
-        self.table[rows] = math.exp(entry + self.alpha * shift)
+
+    def learn(self, rows: int, diff: float, often: bool = False) -> float:
+        """The row's timing differed by ``diff`` (log) from what it was compared with at its moment:
+        its entry moves by the median of its last few such differences, by ``alpha``; fully while
+        it has learned little, unless ``often`` (compared at every step, not at rare probes).
+        Returns the log shift applied (the differences kept are re-read against the new entry)."""
+        if self.frozen or rows not in self.table or self.young(rows):  # its first timings set it
+            return 0.0
+        recent = self._recent.setdefault(rows, deque(maxlen=ROW_WINDOW))
+        recent.append(diff)
+        n = self._learned[rows] = self._learned.get(rows, 0) + 1
+        alpha = self.alpha if often else max(self.alpha, 1.0 / max(n - 1, 1))
+        shift = alpha * median(list(recent) + [0.0] * (ROW_WINDOW - len(recent)))
+        if shift:
+            self.table[rows] *= math.exp(shift)
+            self._recent[rows] = deque((d - shift for d in recent), maxlen=ROW_WINDOW)
+        return shift
+
+    def young(self, rows: int) -> bool:
+        """Whether the row was timed, but fewer than ``ROW_WINDOW`` times (its entry: its first timing)."""
+        return 0 < len(self._first.get(rows, ())) < ROW_WINDOW
 
     def __call__(self, rows: int) -> float:
-        return self.at_pace_1(max(1, rows)) * self.pace.factor
+        if self.pace.pending:
+            self.pace.close(None)  # aux calls with no target call after them: their moment ends
+        return self.at_pace_1(max(1, rows)) * math.exp(self.pace.level(self.model))
 
     def entries(self) -> dict[int, float]:
         """The observed rows' seconds as they are read now."""
@@ -155,7 +288,7 @@ class Costs:
         538 ms beside 3 rows' 337 and 5 rows' 289, and sd drafted 3 tokens at 9 of 271 steps). A
         row timed often keeps what it measured, a kernel's dear shape included."""
         entry = self.table.get(rows)
-        if entry is not None and not 0 < len(self._first.get(rows, ())) < ROW_WINDOW:
+        if entry is not None and not self.young(rows):
             return entry  # measured: the line is not read
         a, b, floor = self._fill()
         line = max(floor, a + b * rows)
@@ -171,9 +304,11 @@ class Costs:
         if self.prior is not None:
             a, b = self.prior
             # Rows the calibration covered say how the machine compares with it (an aux's long
-            # catch-up feeds lie far beyond its beam rows); without such rows, any.
+            # catch-up feeds lie far beyond its beam rows), each against its own timing there (a
+            # target's one-row call can lie well off the line through a concave shape); without
+            # such rows, any.
             near = [r for r in self.table if r <= self._seed_top] or list(self.table)
-            scale = median([self.table[r] / max(a + b * r, 1e-12) for r in near]) if near else 1.0
+            scale = median([self.table[r] / (self.seed.get(r) or a + b * r) for r in near]) if near else 1.0
             fill = (a * scale, b * scale, -math.inf)
         else:
             line = _line(self.table)
