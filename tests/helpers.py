@@ -149,7 +149,7 @@ class Served:
     """The real app over an engine, served by uvicorn on a free loopback port in this process
     (``close()`` when done); its logs reach pytest's caplog."""
 
-    def __init__(self, engine, queue_size: int = 2):
+    def __init__(self, engine, queue_size: int = 2, **app_options):
         import uvicorn
 
         from mtad_edge.server.app import create_app
@@ -157,7 +157,7 @@ class Served:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.app = create_app(engine, "fake", queue_size=queue_size)
+        self.app = create_app(engine, "fake", queue_size=queue_size, **app_options)
         self.runs = self.app.state.runs
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None)
         self.server = uvicorn.Server(config)

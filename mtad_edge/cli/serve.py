@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
+import sys
 from types import FrameType
 from typing import Any, Optional
 
@@ -14,8 +16,10 @@ from mtad_edge.cli.options import (
     decode_config,
     decode_options,
     errors_as_click,
+    given,
     missing_extra,
     model_options,
+    recommended_note,
 )
 from mtad_edge.runtime.errors import MtadEdgeError
 from mtad_edge.server.limits import (
@@ -26,6 +30,16 @@ from mtad_edge.server.limits import (
     MAX_HEADER_BYTES,
 )
 from mtad_edge.signals import interrupts
+
+
+def _log_requests(log: logging.Logger, quiet: bool) -> None:
+    """The server's one line per request on stderr, as it happens (--quiet: none)."""
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    if not quiet and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
 
 
 def check_api_key(key: Optional[str]) -> None:
@@ -98,6 +112,12 @@ def check_api_key(key: Optional[str]) -> None:
     "to arrive (503), or is answered 503 when every other one has a request in progress.",
 )
 @click.option("--model-name", help="The model id clients see (default: the pair's name).")
+@click.option(
+    "--strict-model",
+    is_flag=True,
+    help="Answer 404 to a request for another model name (default: any name gets this model).",
+)
+@click.option("--quiet", is_flag=True, help="No log line per request on stderr.")
 @errors_as_click
 def serve(
     model: ModelChoice,
@@ -111,9 +131,11 @@ def serve(
     idle_timeout: int,
     max_connections: int,
     model_name: Optional[str],
+    strict_model: bool,
+    quiet: bool,
     **decode: Any,
 ) -> None:
-    """Serve /v1/chat/completions, /v1/completions and /v1/models (streaming and not)."""
+    """Serve /v1/chat/completions, /v1/completions, /v1/models and /health (OpenAI-compatible)."""
     import asyncio
 
     check_api_key(api_key)
@@ -122,7 +144,7 @@ def serve(
         import uvicorn
 
         from mtad_edge.server import connections
-        from mtad_edge.server.app import create_app
+        from mtad_edge.server.app import create_app, log
     except ImportError as e:
         raise missing_extra("the server", "serve", e) from None
 
@@ -139,7 +161,7 @@ def serve(
                 err=True,
             )
         interrupts.hold()  # a signal during the load ends the command once it is loaded
-        engine = stack.enter_context(model.engine(cfg))
+        engine = stack.enter_context(model.engine(cfg, given=given(decode)))
         if interrupts.code:
             return
         model_name = model_name or model.label
@@ -151,7 +173,9 @@ def serve(
             max_body=max_body,
             read_timeout=header_timeout,
             body_timeout=body_timeout,
+            strict_model=strict_model,
         )
+        _log_requests(log, quiet)
         runs = app.state.runs
         refusals = connections.Refusals()
 
@@ -179,7 +203,11 @@ def serve(
             timeout_keep_alive=idle_timeout,
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
-        click.echo(f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method})", err=True)
+        click.echo(
+            f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method}"
+            f"{recommended_note(engine.recommended)})",
+            err=True,
+        )
         Server(config).run(sockets=[sock])  # uvicorn handles the signals while it runs, then hands them on to ours
         runs.close()
     interrupts.hard_exit = True  # models freed: see signals.Interrupts.finish
