@@ -101,6 +101,14 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
         assert agg["block_efficiency"] == pytest.approx(agg["generated"] / agg["target_calls"])
     assert res["methods"]["ar"]["acceptance_rate"] is None and res["methods"]["ar"]["block_efficiency"] == 1
     assert res["ratios"]["vs_ar"]["ar"]["tokens_per_s"] == 1 and "vs_sd" in res["ratios"]
+    # sampling not given: the pair's recommended, what a user gets (named in the report)
+    manifest = "the pair's manifest"
+    assert (res["config"]["temperature"], res["config"]["top_k"], res["config"]["top_p"]) == (0.7, 40, 0.95)
+    assert res["config"]["recommended"] == {
+        "temperature": [0.7, manifest],
+        "top_k": [40, manifest],
+        "top_p": [0.95, manifest],
+    }
     runs = res["runs"]
     assert len(runs) == 2 * 2 * 3 and {r["prompt_id"] for r in runs} == {"raw", "p2"}
     for run in runs:
@@ -128,6 +136,7 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
     assert ceil["gamma"] == 8 and ceil["block_efficiency"] >= 1 and ceil["x_ar"] > 0
     md = (out / "report.md").read_text()
     assert "| mtad |" in md and "MTAD sweep" in md and "Prompt lookup's ceiling on ar's texts" in md
+    assert "took the model's recommended values: temperature 0.7 (the pair's manifest), top_k 40" in md
     said = r.stdout.splitlines()  # the terminal gets the summary: the main figures, bars and the verdict
     assert said[1].split() == ["variant", "tok/s", "x", "ar", "acceptance", "PPL"] and said[-1].startswith("Verdict: ")
     assert [line.split()[0] for line in said[2:5]] == ["ar", "sd", "mtad"] and said[-1] in md
@@ -351,7 +360,7 @@ def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_file
 
     out = tmp_path / "out"
     args = ["bench", "--prompts", str(_prompts(tmp_path)), "--max-tokens", "12", "--out", str(out)]
-    args += ["--methods", "ar,mtad,beam", "--gammas", "2,auto", "--ar-temperatures", "1,0.5"]
+    args += ["--temperature", "1", "--methods", "ar,mtad,beam", "--gammas", "2,auto", "--ar-temperatures", "1,0.5"]
     args += ["--variant", "mmtad w=2 thr=0.3"]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output

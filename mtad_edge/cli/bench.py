@@ -220,12 +220,10 @@ def bench(
     base = decode_config(method=base_method, **{**sampling, "seed": sampling["seed"] or 0})
     gamma_values = _option_list(gammas, "gamma", "--gammas")
     temps = _option_list(ar_temperatures, "temperature", "--ar-temperatures")
-    try:
-        variants, dropped = expand(base, chosen, gamma_values, temps, variant_specs)
+    try:  # checked before anything loads; told apart again once the model's defaults are known
+        variants, _ = expand(base, chosen, gamma_values, temps, variant_specs)
     except MtadEdgeError as e:
         raise click.BadParameter(str(e), param_hint="--variant") from None
-    for label, same in dropped:
-        click.echo(f"bench: {label!r} is the same request as {same!r}; measured once as {same!r}", err=True)
     cfg = BenchConfig(variants=tuple(variants), repeats=repeats, decode=base)
     points = sweep_settings(base, _floats(sweep_thresholds), _ints(sweep_gammas), _ints(sweep_widths)) if sweep else []
     prompts = load_prompts(prompts_file)
@@ -240,7 +238,6 @@ def bench(
     )
     engine_methods = list(dict.fromkeys([v.method for v in variants] + (["mtad"] if points else [])))
     out = _out_folder(out_dir)
-    total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
     with (
         _relayed(model, relay_delay) as (model_here, relays),
         model_here.engine(base, engine_methods, capacity, given=given(sampling)) as engine,
@@ -248,7 +245,11 @@ def bench(
     ):
         recommended = engine.recommended  # what users get where an option is not given: the model's values
         base = base.with_options({k: v for k, (v, _) in recommended.items()})
-        cfg = replace(cfg, decode=base)
+        variants, dropped = expand(base, chosen, gamma_values, temps, variant_specs)  # 'ar T=1' may be 'ar' now
+        for label, same in dropped:
+            click.echo(f"bench: {label!r} is the same request as {same!r}; measured once as {same!r}", err=True)
+        cfg = BenchConfig(variants=tuple(variants), repeats=repeats, decode=base)
+        total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
         checked = [v.config(base, 0) for v in variants] + [replace(base, **p) for p in points]
         rendered = rendered_prompts(engine, prompts, checked)
         paths, learned, n_params = engine.pair, engine.learned, engine.n_params
