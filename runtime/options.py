@@ -22,14 +22,15 @@ from .drafting.base import AUTO, AUTO_WIDTH_MAX
 from .errors import OptionError, quoted
 from .methods import names as method_names
 
-__all__ = ["AUTO", "AUTO_WIDTH_MAX", "OPTIONS", "Option", "check", "default"]
+__all__ = ["AUTO", "AUTO_WIDTH_MAX", "OPTIONS", "RECOMMENDED", "Option", "check", "default"]
 
 
 @dataclass(frozen=True)
 class Option:
     """One option. ``kind``: "int", "float", "choice" or "strings"; ``lo``/``hi`` bound numbers
     (``lo_open``: lo itself excluded); ``auto``: the string "auto" is accepted too; ``nullable``:
-    None means "unset" (e.g. a random seed); ``choices`` lists the allowed strings."""
+    None means "unset" (e.g. a random seed); ``choices`` lists the allowed strings; ``recommended``:
+    a model may set its default."""
 
     name: str
     kind: str
@@ -43,6 +44,9 @@ class Option:
     choices: Optional[Callable[[], tuple[str, ...]]] = None
     max_items: int = 0  # strings: how many at most (0 = any)
     max_chars: int = 0  # strings: how many characters in all, at most (0 = any)
+    # A model may recommend this option's default (a pair's manifest "defaults", a GGUF's
+    # general.sampling.*): the table's default applies only where it does not.
+    recommended: bool = False
 
     def describe(self) -> str:
         """What a valid value is, in words (used in every error message and in --help)."""
@@ -155,20 +159,23 @@ OPTIONS: dict[str, Option] = {
             "method",
             "choice",
             "auto",
-            "Decoding method; auto: mtad where this pair's measured costs say it pays, else sd.",
+            "How to decode; auto: mtad where this pair's measured costs say it pays, else sd.",
             choices=method_names,
         ),
-        Option("max_tokens", "int", 256, "Tokens to generate at most (also capped by the context).", lo=1),
-        Option("temperature", "float", 1.0, "Sampling temperature; 0 = greedy.", lo=0, hi=2),
-        Option("top_k", "int", 10, "Keep the k most likely tokens; 0 disables.", lo=0),
+        Option("max_tokens", "int", 256, "Most tokens to generate.", lo=1, recommended=True),
+        Option(
+            "temperature", "float", 1.0, "Randomness; 0 always takes the likeliest token.", lo=0, hi=2, recommended=True
+        ),
+        Option("top_k", "int", 10, "Sample from the k likeliest tokens; 0: all.", lo=0, recommended=True),
         Option(
             "top_p",
             "float",
             0.9,
-            "Nucleus: keep the smallest set with this mass; 1 disables.",
+            "Sample from the likeliest tokens that hold this much probability; 1: all.",
             lo=0,
             hi=1,
             lo_open=True,
+            recommended=True,
         ),
         Option(
             "min_p",
@@ -211,7 +218,7 @@ OPTIONS: dict[str, Option] = {
             "seed",
             "int",
             None,
-            "Sampling seed (default: random; the seed used is in the stats).",
+            "Sampling seed, for a repeatable answer (default: random).",
             lo=0,
             hi=SEED_MAX,
             nullable=True,
@@ -220,19 +227,18 @@ OPTIONS: dict[str, Option] = {
             "gamma",
             "int",
             AUTO,
-            "Draft length; 'auto': the controller picks 0..gamma_max each step "
-            "(gamma_min..gamma_max), from measured costs and acceptance.",
+            "Tokens drafted per step; auto: chosen each step from what drafting costs and gains.",
             lo=1,
             hi=GAMMA_MAX,
             auto=True,
         ),
-        Option("gamma_max", "int", 8, "Longest draft gamma 'auto' may choose.", lo=1, hi=GAMMA_MAX),
+        Option("gamma_max", "int", 8, "Longest draft gamma auto may choose.", lo=1, hi=GAMMA_MAX),
         Option(
             "gamma_min",
             "int",
             None,
-            "Shortest draft gamma 'auto' may choose, 0 = a plain target step (default: for mtad/mmtad when "
-            "sampling, the floor `mtad-edge tune` measured for the pair and these settings, else 4; 0 otherwise).",
+            "Shortest draft gamma auto may choose; 0 allows plain steps (default: mtad-edge tune's floor, "
+            "else 4 for mtad and mmtad when sampling, else 0).",
             lo=0,
             hi=GAMMA_MAX,
             nullable=True,
@@ -241,8 +247,7 @@ OPTIONS: dict[str, Option] = {
             "beam_width",
             "int",
             4,
-            "MTAD beams w; 'auto': the controller picks 1..w each step (opt-in: "
-            "narrower beams raise MTAD's perplexity).",
+            "Beams the aux drafts with (mtad, mmtad); auto: chosen each step.",
             lo=1,
             hi=WIDTH_MAX,
             auto=True,
@@ -251,34 +256,29 @@ OPTIONS: dict[str, Option] = {
             "tree",
             "choice",
             "final",
-            "MMTAD's tree: the prefixes of the final beams (final), or every beam alive at every depth, as "
-            "the authors' TreeMTADStrategy_v2 (full).",
+            "mmtad: verify the final beams (final) or every beam at every depth (full).",
             choices=lambda: TREES,
         ),
         Option(
             "drafter",
             "choice",
             AUTO,
-            "What drafts: the aux model (aux), prompt lookup (ngram: what followed an earlier occurrence of "
-            "the last tokens, no model), or lookup where it finds a match and the aux otherwise (ngram+aux); "
-            "auto: ngram+aux with --gamma auto (lookup drafts where the controller finds they pay), the aux "
-            "model with a fixed gamma.",
+            "Who drafts: the aux model, prompt lookup (ngram: copies from the text so far), or both; "
+            "auto: both with gamma auto, else the aux.",
             choices=drafter_choices,
         ),
         Option(
             "verify",
             "choice",
             "block",
-            "sd: verify the draft as one block (Sun et al., ICLR 2025: accepts at least as many tokens) or "
-            "token by token (Leviathan et al.); both keep the target's distribution. A prompt-lookup draft is "
-            "deterministic: either way it is kept while it matches the target's own draws.",
+            "sd: check the draft as one block or token by token (both keep the target's distribution).",
             choices=lambda: VERIFY_RULES,
         ),
         Option(
             "no_repeat",
             "int",
             0,
-            "Beam drafts skip a token that would repeat an n-gram of this many tokens the text already holds (0: off).",
+            "Drafts skip a token that repeats an n-gram this long from the text (0: off).",
             lo=0,
             hi=NO_REPEAT_MAX,
         ),
@@ -286,8 +286,7 @@ OPTIONS: dict[str, Option] = {
             "repeat_bar",
             "float",
             1.0,
-            f"MTAD: a drafted block must clear threshold x this for each {REPEAT_N}-gram it repeats "
-            "from the text (1: off).",
+            f"mtad: a drafted block that repeats a {REPEAT_N}-gram of the text must be this much likelier (1: off).",
             lo=1,
             hi=REPEAT_BAR_MAX,
         ),
@@ -295,17 +294,15 @@ OPTIONS: dict[str, Option] = {
             "draft_ahead",
             "choice",
             "off",
-            "sd, mtad: draft the next block on a thread of its own while the target verifies this one, "
-            "betting that the target keeps the whole draft and then the aux's likeliest token (the text is "
-            "the same either way). It pays where the aux does not share the target's device or cores: the aux "
-            "on the CPU beside a GPU target (--aux-gpu-layers 0), or its own threads (--aux-threads).",
+            "sd, mtad: draft the next block while the target checks this one (same text; pays where the aux "
+            "has its own device or cores).",
             choices=lambda: ("off", "on"),
         ),
         Option(
             "accept_threshold",
             "float",
             0.5,
-            "MTAD: accept the longest prefix with p(x)/q(x) above this.",
+            "mtad: keep the longest drafted prefix with p(x)/q(x) above this.",
             lo=0,
             hi=1,
             lo_open=True,
@@ -320,6 +317,10 @@ OPTIONS: dict[str, Option] = {
         ),
     )
 }
+
+
+# The options a model may recommend defaults for, in the table's order.
+RECOMMENDED = tuple(name for name, o in OPTIONS.items() if o.recommended)
 
 
 def check(name: str, value: Any) -> Any:

@@ -101,6 +101,14 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
         assert agg["block_efficiency"] == pytest.approx(agg["generated"] / agg["target_calls"])
     assert res["methods"]["ar"]["acceptance_rate"] is None and res["methods"]["ar"]["block_efficiency"] == 1
     assert res["ratios"]["vs_ar"]["ar"]["tokens_per_s"] == 1 and "vs_sd" in res["ratios"]
+    # sampling not given: the pair's recommended, what a user gets (named in the report)
+    manifest = "the pair's manifest"
+    assert (res["config"]["temperature"], res["config"]["top_k"], res["config"]["top_p"]) == (0.7, 40, 0.95)
+    assert res["config"]["recommended"] == {
+        "temperature": [0.7, manifest],
+        "top_k": [40, manifest],
+        "top_p": [0.95, manifest],
+    }
     runs = res["runs"]
     assert len(runs) == 2 * 2 * 3 and {r["prompt_id"] for r in runs} == {"raw", "p2"}
     for run in runs:
@@ -128,6 +136,10 @@ def test_bench_writes_consistent_results_report_and_plots(tmp_path, smol_files):
     assert ceil["gamma"] == 8 and ceil["block_efficiency"] >= 1 and ceil["x_ar"] > 0
     md = (out / "report.md").read_text()
     assert "| mtad |" in md and "MTAD sweep" in md and "Prompt lookup's ceiling on ar's texts" in md
+    assert "took the model's recommended values: temperature 0.7 (the pair's manifest), top_k 40" in md
+    said = r.stdout.splitlines()  # the terminal gets the summary: the main figures, bars and the verdict
+    assert said[1].split() == ["variant", "tok/s", "x", "ar", "acceptance", "PPL"] and said[-1].startswith("Verdict: ")
+    assert [line.split()[0] for line in said[2:5]] == ["ar", "sd", "mtad"] and said[-1] in md
     from mtad_edge.runtime.backends.llama_cpp_backend import uses_amx
 
     machine = res["machine"]
@@ -348,7 +360,7 @@ def test_bench_variants_quality_and_the_plain_decoding_curve(tmp_path, smol_file
 
     out = tmp_path / "out"
     args = ["bench", "--prompts", str(_prompts(tmp_path)), "--max-tokens", "12", "--out", str(out)]
-    args += ["--methods", "ar,mtad,beam", "--gammas", "2,auto", "--ar-temperatures", "1,0.5"]
+    args += ["--temperature", "1", "--methods", "ar,mtad,beam", "--gammas", "2,auto", "--ar-temperatures", "1,0.5"]
     args += ["--variant", "mmtad w=2 thr=0.3"]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
@@ -714,7 +726,10 @@ def test_report_shows_the_judge_beside_the_target_and_what_is_within_noise(tmp_p
     results = {"pair": {"name": "fake"}, "config": cfg, "methods": methods, "frontier": frontier(methods)}
     results["resolution"] = resolution(methods)
     md = report_markdown(results)
-    assert "judge PPL under gemma3-270m" in md and "| variant | T | PPL | judge PPL | distinct-1 |" in md
+    assert (
+        "scored by gemma3-270m, a model that took no part" in md
+        and "| variant | T | PPL | judge PPL | distinct-1 |" in md
+    )
     assert "| mtad | 1 | 2.20 ± 0.05 | 11.00 ± 0.20 | 0.500 | 0.780 ± 0.010 |" in md
     assert "| mtad | 2.20 | 0.68 | 0.780 (0.770, +0.010) | 0.100 (0.114, -0.014) | beyond |" in md  # target PPL
     assert "Against plain decoding at the same judge PPL (the ar curve, judge PPL by temperature: " in md
@@ -820,7 +835,8 @@ def test_each_variants_drafting_share_and_its_spread_over_repeats_are_reported()
 
     engine = fake_engine(max_tokens=12)
     prompts = [{"id": "a", "prompt": "abc"}, {"id": "b", "prompt": "dd"}]
-    variants = (Variant("ar", "ar"), Variant("sd", "sd"), Variant("mtad g=3", "mtad", {"gamma": 3}))
+    # fixed gammas: gamma 'auto' on the fake pair's real (microsecond) timings may not draft at all
+    variants = (Variant("ar", "ar"), Variant("sd", "sd", {"gamma": 2}), Variant("mtad g=3", "mtad", {"gamma": 3}))
     rows = run_bench(engine, prompts, BenchConfig(variants=variants, repeats=3, decode=engine.defaults))
     agg = aggregate(rows, {v.label: v for v in variants})
     assert agg["ar"]["drafted_repeats"] == [0, 0, 0] and agg["ar"]["drafting_steps_share"] == 0
@@ -852,3 +868,91 @@ def test_each_variants_drafting_share_and_its_spread_over_repeats_are_reported()
     table = md.split("Drafting share")[1].split("\n\n")[1]  # after the header's paragraph
     assert "| sd | " in table and "| mtad g=3 | " in table and "| ar | " not in table  # ar drafted nothing
     assert "| llama-server draft | 72% (17%-101%) | – | 387, 65, 380 | 85% |" in table
+
+
+# -- a bench that talks: the verdict, the table in the terminal, a chart without matplotlib -------
+def _talking(speeds: dict[str, float], ppl: dict[str, float] | None = None) -> dict:
+    from mtad_edge.bench.run import ratios
+
+    methods = {
+        m: {"tokens_per_s": v, "acceptance_rate": None if m == "ar" else 0.5, "ppl": (ppl or {}).get(m, 3.0)}
+        | {"cpu_s_per_token": 0.01, "j_per_token": None, "block_efficiency": 1.0}
+        for m, v in speeds.items()
+    }
+    return {"methods": methods, "ratios": ratios(methods)}
+
+
+@pytest.mark.parametrize(
+    "speeds,verdict",
+    [
+        (
+            {"ar": 50.0, "sd": 55.0, "mtad": 70.0},
+            "Verdict: mtad is 1.40x as fast as plain decoding (ar) here; sd 1.10x. mtad's text: 0.80x ar's perplexity.",
+        ),
+        ({"ar": 50.0, "mtad": 51.0}, "Verdict: mtad runs about as fast as plain decoding (ar) here (1.02x)."),
+        (
+            {"ar": 54.2, "sd": 54.0, "mtad": 36.9},
+            "Verdict: sd runs about as fast as plain decoding (ar) here (1.00x); mtad 0.68x.",
+        ),
+        (
+            {"ar": 54.2, "sd": 40.0, "mtad": 36.9},
+            "Verdict: nothing beat plain decoding (ar) here: the fastest, sd, ran 0.74x its speed",
+        ),
+        ({"sd": 5.0, "mtad": 6.0}, "Verdict: no plain decoding (ar) ran, so there is nothing to compare"),
+    ],
+)
+def test_the_verdict_says_the_run_in_plain_words(speeds, verdict):
+    from mtad_edge.bench.report import verdict as said
+
+    assert said(_talking(speeds, {"ar": 3.0, "mtad": 2.4})).startswith(verdict)
+
+
+def test_the_terminal_summary_and_the_text_chart():
+    from mtad_edge.bench.report import summary_text, text_chart
+
+    results = _talking({"ar": 50.0, "sd": 25.0, "mtad": 37.5})
+    chart = text_chart(results["methods"], results["ratios"]["vs_ar"])
+    assert chart[0] == "ar    " + "█" * 30 + "  50.0 tok/s  1.00x ar"
+    assert chart[1] == "sd    " + "█" * 15 + " " * 17 + "25.0 tok/s  0.50x ar"
+    assert chart[2].startswith("mtad  " + "█" * 22 + "▌ ") and chart[2].endswith("37.5 tok/s  0.75x ar")
+    lines = summary_text(results).splitlines()
+    assert lines[0].split() == ["variant", "tok/s", "x", "ar", "acceptance", "PPL"]
+    assert lines[1].split() == ["ar", "50.0", "1.00", "–", "3.00"] and lines[3].split()[:3] == ["mtad", "37.5", "0.75"]
+    assert lines[5:8] == chart and lines[-1].startswith("Verdict: nothing beat plain decoding")
+
+
+def test_the_report_explains_its_terms_and_charts_in_text_without_matplotlib():
+    from mtad_edge.bench.report import COLUMNS, report_markdown
+
+    results = _talking({"ar": 50.0, "mtad": 60.0})
+    for m, a in results["methods"].items():
+        a.update(tokens_per_s_min=a["tokens_per_s"], tokens_per_s_max=a["tokens_per_s"], ttft_s=0.01)
+        a.update(peak_rss_mb=100, method=m)
+    cfg = {"prompts": 1, "repeats": 1, "max_tokens": 8, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "gamma": 4}
+    cfg |= {"beam_width": 4, "accept_threshold": 0.5, "threads": 2, "recommended": {"temperature": [0.7, "pm"]}}
+    results.update(pair={"name": "fake"}, config=cfg)
+    md = report_markdown(results, chart=True).splitlines()
+    table_end = md.index("| mtad | 60.0 (60.0-60.0) | 1.20 | – | 0.010 | 1.00 | 50.0% | 3.00 | 1.00 | 0.0100 "
+                         "| n/a (no GPU) | 100 |")  # fmt: skip
+    assert md[2].startswith("Verdict: mtad is 1.20x as fast") and md[table_end + 2] == COLUMNS
+    for term in ("**block eff.** (block efficiency)", "**acceptance**", "**PPL** (perplexity)", "**x ar**"):
+        assert term in COLUMNS
+    assert md[table_end + 4 : table_end + 7] == ["```text", md[table_end + 5], md[table_end + 6]]
+    assert "Options not given took the model's recommended values: temperature 0.7 (pm)." in md[4]
+    assert "```text" not in report_markdown(results)  # with matplotlib: the plots
+
+
+def test_bench_writes_each_run_into_a_new_dated_folder(tmp_path, monkeypatch):
+    import re
+
+    vs_ar = {"ar": {"tokens_per_s": 1.0}, "mtad": {"tokens_per_s": 0.7}}
+    run = {"pair": {"name": "x", "target_parameters": 1e8}, "ratios": {"vs_ar": vs_ar}}
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "results.json").write_text(json.dumps(run))
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):  # the same minute: the second takes -2, nothing is overwritten
+        r = CliRunner().invoke(cli, ["bench", "--curve", "in"])
+        assert r.exit_code == 0, r.output
+    made = sorted(p.name for p in (tmp_path / "bench-out").iterdir())
+    assert len(made) == 2 and re.fullmatch(r"\d{4}-\d\d-\d\d-\d{4}", made[0]) and made[1] in (made[0] + "-2",)
+    assert all((tmp_path / "bench-out" / m / "sizes.md").is_file() for m in made)

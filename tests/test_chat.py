@@ -69,6 +69,31 @@ class Sink(list):
         pass
 
 
+def test_stats_after_ctrl_c_name_the_stopped_answers_finish_reason(capsys):
+    """/stats after Ctrl-C ended with an empty "finish": the answer stopped by the caller is
+    "cancelled" in the stats too, as the API and the server say."""
+    from helpers import fake_engine
+
+    class CtrlC:
+        def __init__(self):
+            self.said = []
+
+        def write(self, s):  # Ctrl-C lands while the first piece is written
+            self.said.append(s)
+            if len(self.said) == 1:
+                raise KeyboardInterrupt
+
+        def flush(self):
+            pass
+
+    s = ChatSession(fake_engine(max_tokens=50), "mtad", None, drop_oldest=False, out=CtrlC())
+    s.turn("hi")
+    assert s.out.said[-1] == " [stopped]\n" and s.last_stats.finish_reason == "cancelled"
+    assert s.last_stats.generated < 50
+    s.command("/stats")
+    assert capsys.readouterr().err.rstrip().endswith("finish cancelled")
+
+
 def test_each_turn_prefills_only_what_is_new(engine):
     s = ChatSession(engine, "mtad", "You are terse.", drop_oldest=False, out=Sink())
     s.turn("Name a fruit.")
@@ -166,7 +191,7 @@ def test_chat_in_a_real_terminal_ctrl_c_and_ctrl_d(smol_files, tmp_path):
         _tmux("send-keys", "-t", session, "C-c")
         screen = _wait_for(session, lambda s: "[stopped]" in s and s.rstrip().endswith(">"))
         _type_line(session, "/stats")
-        _wait_for(session, lambda s: "block efficiency" in s)
+        _wait_for(session, lambda s: "block efficiency" in s and "finish cancelled" in s)
         _tmux("send-keys", "-t", session, "C-d")
         deadline = time.time() + 60
         while not done.exists() and time.time() < deadline:

@@ -299,3 +299,20 @@ def test_serve_binds_its_port_before_loading_anything(monkeypatch, taken):
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: cannot listen on {host} port {port}: "), r.stderr
+
+
+def test_every_stats_field_is_documented_in_one_table():
+    """cli.md's stats table names every field of the JSON (`--json`, the server's mtad_stats)."""
+    import re
+
+    from mtad_edge.runtime.stats import Stats
+
+    page = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    table = page.split("### Stats", 1)[1].split("\n## ", 1)[0]
+    named = {
+        name
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`(\w+)`", row.split(" | ")[0])
+    }
+    assert set(Stats().to_dict()) <= named, set(Stats().to_dict()) - named

@@ -66,7 +66,7 @@ def test_ctrl_c_just_after_the_answer_exits_130_and_keeps_it(smol_files):
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_mid_answer_keeps_the_partial_json(smol_files, sig, code):
     """SIGTERM used to leave stdout empty; now both signals end the run at the next step and print
-    what was generated with finish_reason "interrupted"."""
+    what was generated with finish_reason "cancelled"."""
     for wait in (1, 2, 4, 8, 16, 30):  # until the signal lands after the load, mid-answer
         p = start("generate", "--json", "--max-tokens", "2000", "--temperature", "0", "--threads", "2", STORY)
         time.sleep(wait)
@@ -76,7 +76,7 @@ def test_a_signal_mid_answer_keeps_the_partial_json(smol_files, sig, code):
         assert p.returncode == code, err
         if out.strip():
             answer = json.loads(out)
-            assert answer["stats"]["finish_reason"] == "interrupted"
+            assert answer["stats"]["finish_reason"] == "cancelled"
             if answer["tokens"]:
                 assert answer["text"] and len(answer["tokens"]) == answer["stats"]["generated"] < 2000
                 return
@@ -89,7 +89,7 @@ def test_ctrl_c_while_streaming_text_keeps_it_and_exits_130(smol_files):
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
     no_crash(p, err)
-    assert p.returncode == 130 and first.strip() and "finish interrupted" in err
+    assert p.returncode == 130 and first.strip() and "finish cancelled" in err
 
 
 def test_ctrl_c_during_the_model_load_exits_130(smol_files):
@@ -102,7 +102,7 @@ def test_ctrl_c_during_the_model_load_exits_130(smol_files):
     no_crash(p, err)
     assert p.returncode == 130
     if out.strip():  # the load had finished: the run stopped at once
-        assert json.loads(out)["stats"]["finish_reason"] == "interrupted"
+        assert json.loads(out)["stats"]["finish_reason"] == "cancelled"
 
 
 # -- the server -------------------------------------------------------------------------------------

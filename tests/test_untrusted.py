@@ -151,7 +151,7 @@ def test_a_field_name_or_model_with_a_lone_surrogate_or_a_newline_is_a_4xx_not_a
     from mtad_edge.runtime.errors import quoted
 
     assert quoted("a\nb", bare=True) == "a\\nb" and quoted("caf\u00e9 x", bare=True) == "caf\u00e9 x"
-    served = Served(fake_engine())
+    served = Served(fake_engine(), strict_model=True)  # a model name is echoed in its 404
     try:
         for raw, status, shown in (
             (b'{"prompt": "hi", "\\ud800x": 1}', 400, "\\ud800x"),
@@ -212,6 +212,16 @@ GOOD = {
         ({"aux": {"file": "a\0.gguf"}}, "aux.file must be a file name the OS takes"),
         ({"schema": True}, "not a schema-1"),  # true == 1 in Python: it passed as schema 1
         ({"schema": 1.0}, "not a schema-1"),
+        ({"defaults": [0.7]}, "defaults must be an object"),
+        ({"defaults": {"temperature": 9}}, "defaults.temperature must be a number in [0, 2], got 9"),
+        ({"defaults": {"top_k": 1.5}}, "defaults.top_k must be an integer >= 0"),
+        ({"defaults": {"top_p": 0}}, "defaults.top_p must be a number in (0, 1]"),
+        ({"defaults": {"max_tokens": "lots"}}, "defaults.max_tokens must be an integer >= 1, got 'lots'"),
+        ({"defaults": {"temperature": float("nan")}}, "defaults.temperature must be a number"),
+        (
+            {"defaults": {"method": "ar"}},
+            "defaults has an unknown option 'method' (a pair may set max_tokens, temperature",
+        ),
     ],
 )
 def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path, change, field):

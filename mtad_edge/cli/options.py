@@ -73,25 +73,54 @@ class OptionType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-def request_option(name: str, default: Any = None, help: Optional[str] = None) -> Decorator:
+def request_option(name: str, default: Any = None, help: Optional[str] = None, hidden: bool = False) -> Decorator:
     """``--name`` parsed and checked by the option table; ``default`` and ``help`` replace the
-    table's for a command that means something else by the option (tune's base seed)."""
+    table's for a command that means something else by the option (tune's base seed). An option
+    a model may recommend has no default here (None: not given), so the model's can apply."""
     opt = OPTIONS[name]
-    default = opt.default if default is None else default
+    if default is None and opt.recommended:
+        text = f"{help or opt.help} Default: the model's, else {opt.default}."
+    else:
+        default = opt.default if default is None else default
+        text = help or opt.help
     return click.option(
         "--" + name.replace("_", "-"),
         name,
         type=OptionType(opt),
         default=default,
         show_default=default is not None,
-        help=f"{help or opt.help} ({opt.describe()})",
+        hidden=hidden,
+        help=text,
     )
 
 
+def _show_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """--help-all: the help with every option, the ones --help leaves out too."""
+    if not value or ctx.resilient_parsing:
+        return
+    for p in ctx.command.params:
+        if isinstance(p, click.Option):
+            p.hidden = False
+    click.echo(ctx.get_help(), color=ctx.color)
+    ctx.exit()
+
+
+help_all_option = click.option(
+    "--help-all",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_all,
+    help="Show every option (drafting, loading, GPU, RPC) and exit.",
+)
 method_option = request_option("method")
+# The request options --help shows; the others (drafting knobs) appear with --help-all.
+EVERYDAY = ("method", "max_tokens", "temperature", "top_k", "top_p", "seed")
 # Every request option but the method (commands choose theirs), in the table's order.
 _REQUEST = DECODE_FIELDS + SAMPLING_FIELDS
-sampling_options = _stack(*(request_option(n) for n in OPTIONS if n in _REQUEST and n != "method"))
+sampling_options = _stack(
+    *(request_option(n, hidden=n not in EVERYDAY) for n in OPTIONS if n in _REQUEST and n != "method")
+)
 
 
 def decode_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,8 +128,22 @@ def decode_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def decode_config(**options: Any) -> DecodeConfig:
-    """The request options a command was given, as a DecodeConfig."""
-    return DecodeConfig().with_options(options)
+    """The request options a command was given, as a DecodeConfig (None: not given, the table's
+    default; the engine applies the model's recommended ones over it, see ``given``)."""
+    return DecodeConfig().with_options({k: v for k, v in options.items() if v is not None})
+
+
+def recommended_note(recommended: dict[str, tuple[Any, str]]) -> str:
+    """ "; temperature 0.7, top_k 40 from the pair's manifest": the model's defaults a command took."""
+    by_source: dict[str, list[str]] = {}
+    for name, (value, source) in recommended.items():
+        by_source.setdefault(source, []).append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
+    return "".join(f"; {', '.join(said)} from {source}" for source, said in by_source.items())
+
+
+def given(options: dict[str, Any]) -> frozenset[str]:
+    """The request options a command was given a value for (what the model's defaults leave alone)."""
+    return frozenset(k for k, v in options.items() if v is not None)
 
 
 @dataclass(frozen=True)
@@ -125,8 +168,11 @@ class ModelChoice:
         defaults: DecodeConfig,
         method_names: Optional[Sequence[str]] = None,
         capacity: Optional[tuple[int, int]] = None,
+        given: Optional[frozenset[str]] = None,
     ) -> Engine:
-        return Engine.open(self.resolve(), self.options, defaults, method_names, capacity, say=_say)
+        """The engine; ``given``: the request options the command was given (the model's
+        recommended values fill the others; None: ``defaults`` as they are)."""
+        return Engine.open(self.resolve(), self.options, defaults, method_names, capacity, say=_say, given=given)
 
 
 def _say(message: str) -> None:
@@ -158,18 +204,21 @@ def _rpc_servers(ctx: click.Context, param: click.Parameter, value: Optional[str
         raise click.BadParameter(str(e), ctx, param) from None
 
 
-vocab_mismatch_option = click.option(
-    "--vocab-mismatch",
-    type=click.Choice(MISMATCH_MODES),
-    default="auto",
-    show_default=True,
-    help="Target and aux with different vocabularies: auto drafts in their shared tokens when enough of the "
-    "target's text is draftable, allow drafts however little, refuse needs identical ones.",
-)
+def vocab_mismatch_option(hidden: bool = False) -> Decorator:
+    return click.option(
+        "--vocab-mismatch",
+        type=click.Choice(MISMATCH_MODES),
+        default="auto",
+        show_default=True,
+        hidden=hidden,
+        help="Target and aux with different vocabularies: auto drafts in their shared tokens where enough "
+        "of the text is draftable; allow: however little; refuse: need the same vocabulary.",
+    )
 
 
 def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """--pair/--manifest/--target/--aux and the loading options, given to ``f`` as ``model``."""
+    """--pair/--manifest/--target/--aux and the loading options, given to ``f`` as ``model``;
+    --help shows the everyday ones, --help-all every one."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -184,17 +233,15 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--pair",
             metavar="NAME|MANIFEST",
-            help=f"Named pair (see `mtad-edge models list`) or a manifest.json. Default: {DEFAULT_PAIR}.",
+            help=f"Model pair: a name (`mtad-edge models list`) or a manifest.json. Default: {DEFAULT_PAIR}.",
         ),
-        click.option("--manifest", type=click.Path(exists=True), help="A pair's manifest.json (same as --pair PATH)."),
+        click.option("--manifest", type=click.Path(exists=True), hidden=True, help="Same as --pair PATH."),
         click.option(
             "--target",
             type=click.Path(),
-            help="Target model: a GGUF file, an ONNX model folder, or hf:OWNER/REPO/FILE.gguf | hf:OWNER/REPO:QUANT.",
+            help="The model that answers: a GGUF file, an ONNX folder or hf:OWNER/REPO[/FILE.gguf|:QUANT].",
         ),
-        click.option(
-            "--aux", type=click.Path(), help="Auxiliary (draft) model: GGUF file, ONNX folder or an hf: reference."
-        ),
+        click.option("--aux", type=click.Path(), help="The small model that drafts (same kinds as --target)."),
         click.option(
             "--ctx-size",
             "n_ctx",
@@ -205,50 +252,52 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--aux-threads",
             type=click.IntRange(1, THREADS_MAX),
-            help="The aux's own CPU threads (llama.cpp's -td; default: as --threads). With --draft-ahead on "
-            "and both models on the CPU, give each its own cores: --threads 1 --aux-threads 1 on two.",
+            hidden=True,
+            help="The aux's own CPU threads (default: as --threads).",
         ),
         click.option(
             "--n-gpu-layers",
             type=click.IntRange(min=-1, max=GPU_LAYERS_MAX),
-            help="Layers to offload to the GPU; -1 all (default: all when llama.cpp was built with "
-            "CUDA/Metal, else 0).",
+            help="Layers on the GPU; -1: all (default: all with a CUDA/Metal build, else 0).",
         ),
         click.option(
             "--aux-gpu-layers",
             type=click.IntRange(min=-1, max=GPU_LAYERS_MAX),
-            help="The aux's own --n-gpu-layers (llama.cpp's -ngld); 0 keeps the draft model on the CPU "
-            "(default: the pair's aux_gpu_layers, else as the target).",
+            hidden=True,
+            help="The aux's own --n-gpu-layers; 0 keeps it on the CPU (default: the pair's, else as the target).",
         ),
         click.option(
             "--flash-attn/--no-flash-attn",
             default=None,
-            help="Force flash attention on or off (default: off on a CPU for heads up to 64 wide, where it "
-            "costs; else llama.cpp decides).",
+            hidden=True,
+            help="Flash attention on or off (default: off on a CPU for heads up to 64 wide, else llama.cpp's choice).",
         ),
         click.option(
             "--backend",
             type=click.Choice(BACKENDS),
             default="auto",
             show_default=True,
-            help="auto: llama.cpp for .gguf files, ONNX Runtime for ONNX model folders (mixed pairs work).",
+            hidden=True,
+            help="auto: llama.cpp for .gguf files, ONNX Runtime for ONNX folders.",
         ),
         click.option(
             "--provider",
             type=click.Choice(PROVIDERS),
             default="auto",
             show_default=True,
-            help="ONNX Runtime execution provider (auto: CUDA when onnxruntime-gpu sees a GPU).",
+            hidden=True,
+            help="ONNX Runtime's execution provider (auto: CUDA where it sees a GPU).",
         ),
-        vocab_mismatch_option,
+        vocab_mismatch_option(hidden=True),
         click.option(
             "--rpc",
-            metavar="HOST:PORT[,HOST:PORT...]",
+            metavar="HOST:PORT[,...]",
             callback=_rpc_servers,
-            help="Put the target's layers on these ggml-rpc-servers (`mtad-edge rpc server`), as llama.cpp's "
-            "--rpc does (--n-gpu-layers, split by their free memory); the aux stays here. They have no "
-            "authentication: trusted networks only (docs/rpc.md). Default: the pair's rpc, else none.",
+            hidden=True,
+            help="Run the target's layers on these ggml-rpc-servers (`mtad-edge rpc server`); no "
+            "authentication: trusted networks only (default: the pair's, else none).",
         ),
+        help_all_option,
     )(wrapper)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
+import sys
 from types import FrameType
 from typing import Any, Optional
 
@@ -15,8 +17,10 @@ from mtad_edge.cli.options import (
     decode_config,
     decode_options,
     errors_as_click,
+    given,
     missing_extra,
     model_options,
+    recommended_note,
 )
 from mtad_edge.runtime.backends import rpc
 from mtad_edge.runtime.errors import MtadEdgeError
@@ -30,6 +34,16 @@ from mtad_edge.server.limits import (
 from mtad_edge.signals import interrupts
 
 TIMEOUT_MAX_S = 86400.0  # a day: past any client's patience (and asyncio's timers take any finite value)
+
+
+def _log_requests(log: logging.Logger, quiet: bool) -> None:
+    """The server's one line per request on stderr, as it happens (--quiet: none)."""
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    if not quiet and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
 
 
 def check_api_key(key: Optional[str]) -> None:
@@ -119,6 +133,12 @@ def check_api_key(key: Optional[str]) -> None:
     "(CORS). Without it a request from another site's page is refused (403).",
 )
 @click.option("--model-name", help="The model id clients see (default: the pair's name).")
+@click.option(
+    "--strict-model",
+    is_flag=True,
+    help="Answer 404 to a request for another model name (default: any name gets this model).",
+)
+@click.option("--quiet", is_flag=True, help="No log line per request on stderr.")
 @errors_as_click
 def serve(
     model: ModelChoice,
@@ -134,9 +154,11 @@ def serve(
     allow_hosts: tuple[str, ...],
     cors_origins: tuple[str, ...],
     model_name: Optional[str],
+    strict_model: bool,
+    quiet: bool,
     **decode: Any,
 ) -> None:
-    """Serve /v1/chat/completions, /v1/completions and /v1/models (streaming and not)."""
+    """Serve /v1/chat/completions, /v1/completions, /v1/models and /health (OpenAI-compatible)."""
     import asyncio
 
     check_api_key(api_key)
@@ -145,7 +167,7 @@ def serve(
         import uvicorn
 
         from mtad_edge.server import connections
-        from mtad_edge.server.app import create_app
+        from mtad_edge.server.app import create_app, log
         from mtad_edge.server.origins import check_allowed_host, check_origin
     except ImportError as e:
         raise missing_extra("the server", "serve", e) from None
@@ -167,7 +189,7 @@ def serve(
                 err=True,
             )
         interrupts.hold()  # a signal during the load ends the command once it is loaded
-        engine = stack.enter_context(model.engine(cfg))
+        engine = stack.enter_context(model.engine(cfg, given=given(decode)))
         if interrupts.code:
             return
         model_name = model_name or model.label
@@ -182,7 +204,9 @@ def serve(
             listen_host=host,
             allow_hosts=allow_hosts,
             cors_origins=cors_origins,
+            strict_model=strict_model,
         )
+        _log_requests(log, quiet)
         runs = app.state.runs
         refusals = connections.Refusals()
 
@@ -213,8 +237,8 @@ def serve(
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
         click.echo(
-            f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method}); "
-            f"chat page: http://{host}:{port}/",
+            f"mtad-edge serving {model_name} on http://{host}:{port}/v1 (method {cfg.method}"
+            f"{recommended_note(engine.recommended)}); chat page: http://{host}:{port}/",
             err=True,
         )
         Server(config).run(sockets=[sock])  # uvicorn handles the signals while it runs, then hands them on to ours

@@ -18,6 +18,7 @@ from mtad_edge.cli.options import (
     ModelChoice,
     decode_config,
     errors_as_click,
+    given,
     model_options,
     request_option,
 )
@@ -96,18 +97,22 @@ def tune(
     within the bound in CONFIDENCE of the bootstrap resamples of the prompt-runs; 5-12 minutes
     on a 135-270M pair on 2 CPU cores. Requests that give --gamma-min keep their own."""
     cfg = decode_config(**options)
+    chosen = given(options)
     tuning.check_tunable(cfg)
     prompts = load_prompts(prompts_file)
     model = replace(model, options=replace(model.options, threads=model.options.threads or default_threads()))
     ref = floors.reference(cfg)
     width = cfg.beam_width if isinstance(cfg.beam_width, int) else 1
-    s = cfg.sampling
-    click.echo(
-        f"tune: {cfg.method} on {model.label}, T={s.temperature:g} top-k {s.top_k} top-p {s.top_p:g}, width {width}, "
-        f"{len(prompts) * repeats} prompt-runs x {cfg.max_tokens} tokens per gamma",
-        err=True,
-    )
-    with model.engine(replace(cfg, gamma=ref), [cfg.method], (ref, width)) as engine:
+    with model.engine(replace(cfg, gamma=ref), [cfg.method], (ref, width), given=chosen) as engine:
+        # the floor is measured for what requests get: the model's sampling where none is given
+        cfg = cfg.with_options({k: v for k, (v, _) in engine.recommended.items()})
+        tuning.check_tunable(cfg)
+        s = cfg.sampling
+        click.echo(
+            f"tune: {cfg.method} on {model.label}, T={s.temperature:g} top-k {s.top_k} top-p {s.top_p:g}, "
+            f"width {width}, {len(prompts) * repeats} prompt-runs x {cfg.max_tokens} tokens per gamma",
+            err=True,
+        )
         with click.progressbar(length=len(prompts) * repeats * ref, label="tune", file=sys.stderr) as bar:
             record = tuning.tune(engine, cfg, prompts, repeats, bound, confidence, bar.update)
         pair = engine.pair

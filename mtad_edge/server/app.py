@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,12 +27,17 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response as HttpResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mtad_edge.engine import Engine, Response
-from mtad_edge.runtime.errors import MtadEdgeError, json_problem
+from mtad_edge.engine import CANCELLED, Engine, Response
+from mtad_edge.runtime.errors import MtadEdgeError, json_problem, quoted
 from mtad_edge.server import page
 from mtad_edge.server import protocol as P
 from mtad_edge.server.limits import BODY_TIMEOUT_S, MAX_HEADER_BYTES
 from mtad_edge.server.origins import BrowserGuard
+
+# One line per request (RequestLog); `mtad-edge serve` prints it on stderr unless --quiet.
+log = logging.getLogger("mtad_edge.server.requests")
+# What load balancers and container runtimes poll (llama-server's paths): no key, no log line.
+HEALTH_PATHS = ("/health", "/v1/health")
 
 
 class Ticket:
@@ -138,6 +144,7 @@ class Guard:
             elif (
                 self.api_key is not None
                 and not page.public(scope["method"], scope["path"])  # the page asks for the key itself
+                and scope["path"] not in HEALTH_PATHS
                 and not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode())
             ):
                 error = P.BadRequest("invalid or missing API key", status=401, kind="authentication_error")
@@ -148,6 +155,47 @@ class Guard:
                 return
             receive = BodyLimit(receive, self.max_body, self.read_timeout, self.body_timeout)
         await self.app(scope, receive, send)
+
+
+class RequestLog:
+    """One log line per request once its response is sent (a stream: once it ended): who, what,
+    the status and, for a generation, its method, tokens, speed and finish reason. The route
+    leaves the generation in the request's state (``scope["state"]["generation"]``)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in HEALTH_PATHS:
+            await self.app(scope, receive, send)
+            return
+        start, status = time.monotonic(), [0]
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            generation = (scope.get("state") or {}).get("generation")
+            log.info(request_line(scope, status[0] or 500, time.monotonic() - start, generation))
+
+
+def request_line(scope: Scope, status: int, seconds: float, generation: Optional[Response]) -> str:
+    """``127.0.0.1 POST /v1/chat/completions 200 1.63 s: mtad, prompt 12 (8 cached), 64 tokens,
+    41.2 tok/s, stop`` (the path as the client sent it, escaped: it is untrusted text)."""
+    client = (scope.get("client") or ("-",))[0]
+    line = f"{client} {scope.get('method', '-')} {quoted(scope.get('path', ''), bare=True)} {status} {seconds:.2f} s"
+    if generation is None:
+        return line
+    st = generation.stats
+    speed = f"{st.tokens_per_s:.1f} tok/s" if st.tokens_per_s is not None else "- tok/s"
+    return (
+        f"{line}: {st.method}, prompt {generation.prompt_tokens} ({st.cached_tokens} cached), "
+        f"{len(generation.tokens)} tokens, {speed}, {generation.finish_reason or 'cancelled'}"
+    )
 
 
 class BodyLimit:
@@ -208,15 +256,19 @@ def create_app(
     listen_host: Optional[str] = None,
     allow_hosts: Sequence[str] = (),
     cors_origins: Sequence[str] = (),
+    strict_model: bool = False,
 ) -> FastAPI:
     """``read_timeout``: the longest a request's body may pause between two pieces;
     ``body_timeout``: the longest it may take in all, from the end of its head (408 after either).
-    ``listen_host``, ``allow_hosts``, ``cors_origins``: what browsers may do (server/origins.py)."""
+    ``listen_host``, ``allow_hosts``, ``cors_origins``: what browsers may do (server/origins.py).
+    Any ``model`` a request names is served by the one model, unless ``strict_model`` (then a name
+    other than ``model_name`` is a 404, as from OpenAI)."""
     app = FastAPI(title="mtad-edge", docs_url=None, redoc_url=None, openapi_url=None)
     runs = Runs(queue_size)
     app.add_middleware(Guard, api_key=api_key, max_body=max_body, read_timeout=read_timeout, body_timeout=body_timeout)
-    # added last, so it runs first: a browser's request from another site never reaches the rest
+    # a browser's request from another site never reaches the rest
     app.add_middleware(BrowserGuard, listen_host=listen_host, allow_hosts=allow_hosts, cors_origins=cors_origins)
+    app.add_middleware(RequestLog)  # outermost: a request the guards refuse is logged too
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:  # 404 / 405 as OpenAI errors
@@ -232,7 +284,16 @@ def create_app(
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> Any:
-        return model_card if model == model_name else _error(P.model_not_found(model))
+        return model_card if model == model_name or not strict_model else _error(P.model_not_found(model))
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health() -> Any:
+        """llama-server's readiness check: 200 {"status": "ok"} once the model serves (it is
+        loaded before the server listens), 503 while the server is stopping."""
+        if runs.closing:
+            return _error(P.BadRequest("the server is shutting down", status=503, kind="unavailable_error"))
+        return {"status": "ok"}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -244,7 +305,7 @@ def create_app(
 
     async def _serve(request: Request, kind: str) -> Any:
         try:
-            req = P.parse(await _json_body(request, max_body), kind, model_name)
+            req = P.parse(await _json_body(request, max_body), kind, model_name if strict_model else None)
             ticket = runs.admit()
         except P.BadRequest as e:
             return _error(e)
@@ -318,6 +379,7 @@ def create_app(
         problem = ready.exception()
         if problem is not None:
             return _refused(problem)
+        request.state.generation = ready.result()  # for the request's log line
         return GenerationStream(_events(queue, ready.result(), kind, rid, req.include_usage, req.blocks), ticket)
 
     async def _complete(request: Request, ticket: Ticket, req: P.Parsed, kind: str, rid: str) -> Any:
@@ -342,7 +404,8 @@ def create_app(
         if problem is not None:
             return _refused(problem)
         response = built.result()
-        if response.finish_reason == "cancelled":
+        request.state.generation = response  # for the request's log line
+        if response.finish_reason == CANCELLED:
             return _error(P.BadRequest("the server is shutting down", status=503, kind="server_error"))
         logprobs = P.logprobs_object(kind, response.logprobs, text) if response.logprobs is not None else None
         return P.full(
@@ -380,7 +443,7 @@ def create_app(
                 continue
             if what == "error":
                 yield _sse(P.BadRequest(value, kind="server_error").body())
-            elif response.finish_reason == "cancelled":  # the server is stopping
+            elif response.finish_reason == CANCELLED:  # the server is stopping
                 yield _sse(P.BadRequest("the server is shutting down", kind="server_error").body())
             else:
                 usage, stats = P.usage(response.prompt_tokens, len(response.tokens)), response.stats.to_dict()

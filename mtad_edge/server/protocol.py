@@ -87,9 +87,10 @@ class Parsed:
     messages: Optional[list[dict[str, str]]] = None  # chat
 
 
-def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
+def parse(body: dict[str, Any], kind: str, model_name: Optional[str]) -> Parsed:
     """Check every field of a /v1/chat/completions ("chat") or /v1/completions ("text") body;
-    BadRequest on the first problem. JSON null means "not given", as for OpenAI."""
+    BadRequest on the first problem. JSON null means "not given", as for OpenAI. ``model_name``:
+    the one name served (another is a 404); None: any name is served."""
     for key, value in body.items():
         if value is None or key in HANDLED[kind] or key in REQUEST_FIELDS or key in IGNORED:
             continue
@@ -107,7 +108,7 @@ def parse(body: dict[str, Any], kind: str, model_name: str) -> Parsed:
     if model is not None:
         if not isinstance(model, str):
             raise BadRequest("'model' must be a string", "model")
-        if model != model_name:
+        if model_name is not None and model != model_name:
             raise model_not_found(model)
     stream = _typed(body, "stream", bool, False)
     include_usage = _stream_options(body, stream)
@@ -252,6 +253,8 @@ def completion_prompt(body: dict) -> str:
 
 
 def finish_reason(reason: Optional[str]) -> str:
+    """OpenAI's finish_reason for ours: "length" where the answer hit max_tokens or the context,
+    else "stop" (mtad_stats.finish_reason keeps ours: stop, length, context, cancelled)."""
     return "length" if reason in ("length", "context") else "stop"
 
 

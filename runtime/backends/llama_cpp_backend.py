@@ -353,6 +353,13 @@ class LlamaCppBackend:
             )
 
     # -- vocabulary ---------------------------------------------------------------------------
+    def meta(self, key: str) -> Optional[str]:
+        """The GGUF metadata value of ``key`` as llama.cpp prints it (at most 255 bytes), or None."""
+        buf = ctypes.create_string_buffer(256)
+        if self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf)) <= 0:
+            return None
+        return buf.value.decode("utf-8", errors="replace")
+
     def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         return tokenize(self, [(text, special)], add_special)
 
