@@ -535,16 +535,17 @@ def test_bench_reports_drafting_across_vocabularies(tmp_path, gemma_files, smol_
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
-    for run in res["runs"]:
+    for run in res["runs"]:  # the aux drafter's own counters (Stats.drafters)
         if run["method"] == "ar":
-            assert "vocab_mapped_share" not in run
+            assert "aux" not in run["drafters"]
         else:
-            assert 0.5 < run["vocab_mapped_share"] <= 1 and run["vocab_resyncs"] >= 0
+            aux = run["drafters"]["aux"]
+            assert 0.5 < aux["vocab_mapped_share"] <= 1 and aux["vocab_resyncs"] >= 0
     for m in ("sd", "mtad"):
-        mine = [x for x in res["runs"] if x["method"] == m]
-        want = sum(x["vocab_mapped_share"] * x["generated"] for x in mine) / sum(x["generated"] for x in mine)
-        assert res["methods"][m]["vocab_mapped_share"] == pytest.approx(want)
-    assert res["methods"]["ar"]["vocab_mapped_share"] is None
+        mine = [(x["drafters"]["aux"]["vocab_mapped_share"], x["generated"]) for x in res["runs"] if x["method"] == m]
+        want = sum(share * n for share, n in mine) / sum(n for _, n in mine)
+        assert res["methods"][m]["drafters"]["aux"]["vocab_mapped_share"] == pytest.approx(want)
+    assert res["methods"]["ar"]["drafters"] is None
     assert "Across vocabularies" in (out / "report.md").read_text()
 
 

@@ -237,7 +237,7 @@ def test_a_calibration_is_kept_per_aux_placement(smol_models, monkeypatch):
 @pytest.mark.parametrize(
     "content,needle",
     [
-        (b"", "not a GGUF file"),
+        (b"", r"is empty \(0 bytes\), not a model file"),
         (b"PK\x03\x04 this is a zip, not a model" * 10, "not a GGUF file"),
         (
             b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64,

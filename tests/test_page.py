@@ -192,7 +192,7 @@ def test_an_answer_streams_shaded_by_verify_call_and_survives_a_reload(page):
     page.evaluate("""() => { window.__updates = 0;
         new MutationObserver(() => window.__updates++).observe(document.getElementById('messages'),
             {subtree: true, childList: true, characterData: true}); }""")
-    events, _ = send(page, "Explain beam search in two sentences.", max_tokens=40)
+    events, _ = send(page, "Explain beam search in two sentences.", method="mtad", max_tokens=40)
     assert sum(1 for e in events if e["choices"] and e["choices"][0]["delta"].get("content")) > 2  # streamed
     assert page.evaluate("window.__updates") > 3  # and painted as it came
     stats, spans = check_blocks_add_up(page, events)

@@ -187,8 +187,8 @@ def test_nan_and_inf_options_are_errors(args):
 
 
 def test_empty_prompt_is_an_error_but_an_empty_chat_turn_is_answered(smol_files):
-    one_line_error(run("generate", "", "--max-tokens", "4"), "the prompt must contain at least one token")
-    r = run("generate", "--chat", "", "--max-tokens", "4", "--json")
+    one_line_error(run("generate", "--raw", "", "--max-tokens", "4"), "the prompt must contain at least one token")
+    r = run("generate", "", "--max-tokens", "4", "--json")  # a chat by default
     assert r.returncode == 0 and json.loads(r.stdout)["tokens"], r.stderr
 
 

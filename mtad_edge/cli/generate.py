@@ -20,7 +20,7 @@ from mtad_edge.cli.options import (
     model_options,
     write_out,
 )
-from mtad_edge.engine import CANCELLED
+from mtad_edge.engine import CANCELLED, check_text
 from mtad_edge.signals import interrupts
 
 
@@ -66,6 +66,7 @@ def generate(
         raise click.UsageError("give --raw or --chat, not both")
     if system and raw:
         raise click.UsageError("--system needs a chat: leave out --raw")
+    check_text(prompt, "prompt")  # before the load: a command line's undecodable bytes
     interrupts.hold()  # a signal never cuts the load, the output or the freeing of the models...
     with model.engine(cfg, [cfg.method], given=given(decode)) as engine:
         if interrupts.code:  # ... a signal during the load ends the command once it is loaded

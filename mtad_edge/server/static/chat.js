@@ -7,7 +7,7 @@
 (() => {
   const STORE = "mtad-edge.chats.v1"; // conversations and settings, in this browser
   const KEY = "mtad-edge.api-key"; // sessionStorage: this tab only
-  const METHODS = ["", "ar", "sd", "mtad", "mmtad"];
+  const METHODS = ["", "auto", "ar", "sd", "mtad", "mmtad"];
   const SOURCES = ["aux", "ngram", "forced"]; // who drafted a block's kept tokens (forced: a grammar's spans)
   const $ = (id) => document.getElementById(id);
 
