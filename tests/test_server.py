@@ -248,8 +248,8 @@ def test_unknown_model_is_a_404_with_an_openai_error(client):
 @pytest.mark.parametrize(
     "kw,param",
     [
-        (dict(response_format={"type": "json_object"}), "response_format"),
-        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+        (dict(response_format={"type": "yaml"}), "response_format"),
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": []}}]), "tools"),
         (dict(tool_choice="required"), "tool_choice"),
         (dict(presence_penalty=0.5), "presence_penalty"),
         (dict(frequency_penalty=0.5), "frequency_penalty"),
