@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import click
@@ -16,7 +17,45 @@ from mtad_edge.cli.options import (
     model_options,
     write_out,
 )
+from mtad_edge.runtime.errors import MtadEdgeError, json_problem
+from mtad_edge.runtime.text.constraint import Grammar
 from mtad_edge.signals import interrupts
+from mtad_edge.store import os_error
+
+
+def read_constraint(json_schema: Optional[str], grammar: Optional[str], regex: Optional[str]) -> Optional[Grammar]:
+    """The answer's grammar from --json-schema (a file, or the schema's text), --grammar (a file:
+    Lark where it ends .lark, else GBNF, or Lark where its text says so) or --regex; one at most.
+    Read before the model loads: a bad one is a one-line error at once."""
+    given = [f for f, v in (("--json-schema", json_schema), ("--grammar", grammar), ("--regex", regex)) if v]
+    if len(given) > 1:
+        raise click.UsageError(f"give one of {' and '.join(given)}")
+    if regex:
+        return Grammar.regex(regex)
+    if grammar:
+        text = _read(Path(grammar), "--grammar")
+        return Grammar.lark(text) if grammar.endswith(".lark") else Grammar.gbnf(text)
+    if json_schema:
+        inline = json_schema.lstrip().startswith("{")
+        text = json_schema if inline else _read(Path(json_schema), "--json-schema")
+        try:
+            schema = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            where = "the schema" if inline else json_schema
+            raise MtadEdgeError(f"--json-schema: {where} is not JSON ({json_problem(e)})") from None
+        if not isinstance(schema, dict):
+            raise MtadEdgeError("--json-schema: a JSON schema is an object ({...})")
+        return Grammar.json_schema(text, strict=False)
+    return None
+
+
+def _read(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise MtadEdgeError(f"{flag}: cannot read {path}: {os_error(e)}") from None
+    except UnicodeDecodeError:
+        raise MtadEdgeError(f"{flag}: {path} is not UTF-8 text") from None
 
 
 @click.command()
@@ -25,7 +64,22 @@ from mtad_edge.signals import interrupts
 @decode_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt as a user turn in the model's chat template.")
 @click.option("--system", help="System message (with --chat).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, stats} on stdout.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, finish_reason, stats} on stdout."
+)
+@click.option(
+    "--json-schema",
+    metavar="FILE|JSON",
+    help="The answer follows this JSON schema: a file, or the schema itself ('{...}'). Keywords the grammar "
+    "engine does not implement are ignored, the rest enforced (docs/structured-output.md).",
+)
+@click.option(
+    "--grammar",
+    metavar="FILE",
+    help="The answer follows this grammar: llama.cpp GBNF, or Lark (llguidance's dialect) for a .lark file or "
+    "one that says 'start:' or '%llguidance'.",
+)
+@click.option("--regex", metavar="PATTERN", help="The answer matches this regular expression (Rust syntax).")
 @click.option(
     "--parse-special/--no-parse-special",
     default=True,
@@ -40,6 +94,9 @@ def generate(
     chat: bool,
     system: Optional[str],
     as_json: bool,
+    json_schema: Optional[str],
+    grammar: Optional[str],
+    regex: Optional[str],
     parse_special: bool,
     **decode: Any,
 ) -> None:
@@ -47,15 +104,16 @@ def generate(
     cfg = decode_config(**decode)
     if system and not chat:
         raise click.UsageError("--system needs --chat")
+    constraint = read_constraint(json_schema, grammar, regex)
     interrupts.hold()  # a signal never cuts the load, the output or the freeing of the models...
     with model.engine(cfg, [cfg.method]) as engine:
         if interrupts.code:  # ... a signal during the load ends the command once it is loaded
             sys.exit(interrupts.code)
         if chat:
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            response = engine.chat(msgs)
+            response = engine.chat(msgs, constraint=constraint)
         else:
-            response = engine.generate(prompt, parse_special=parse_special)
+            response = engine.generate(prompt, parse_special=parse_special, constraint=constraint)
         try:
             with interrupts.stopping(response.cancel):  # ... and one during the run stops it at the next step
                 for piece in response:
@@ -66,7 +124,12 @@ def generate(
         if interrupts.code:
             response.interrupted()  # what was generated is kept and reported
         if as_json:
-            out = {"text": response.text_so_far(), "tokens": response.tokens, "stats": response.stats.to_dict()}
+            out = {
+                "text": response.text_so_far(),
+                "tokens": response.tokens,
+                "finish_reason": response.finish_reason,
+                "stats": response.stats.to_dict(),
+            }
             write_out(json.dumps(out) + "\n")
         else:
             write_out("\n")
