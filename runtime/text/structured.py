@@ -177,8 +177,11 @@ class ToolPlan:
         elif answer is None:
             start = f"start: calls | TEXT\nTEXT: /(?s:.*)/ & ~/{MARKER}(?s:.*)/"
         else:
-            schema = json.loads(answer.text) if answer.kind == "json_schema" else {"type": "object"}
-            rule = _json_rule(_schema_object(schema, "the schema"), answer.strict)
+            try:
+                schema = json.loads(answer.text) if answer.kind == "json_schema" else {"type": "object"}
+            except (ValueError, RecursionError) as e:
+                raise OptionError(f"the JSON schema beside the tools is not JSON: {json_problem(e)}", "tools") from None
+            rule = _json_rule(_schema_object(schema, "the JSON schema beside the tools"), answer.strict)
             start = f"start: calls | answer\nanswer: %json {rule}"
         return Grammar("lark", "\n".join([start, *rules]) + "\n", about="the tools' grammar")
 
@@ -203,13 +206,16 @@ def _lit(text: str) -> str:
 def _json_rule(schema: Mapping[str, Any], strict: bool) -> str:
     """A schema for a Lark ``%json`` rule: our JSON options (one line) unless it sets its own,
     lenient unless strict."""
-    options = {**JSON_OPTIONS, "lenient": not strict, **dict(schema.get("x-guidance") or {})}
+    own = schema.get("x-guidance") or {}
+    if not isinstance(own, Mapping):
+        raise OptionError(f"a schema's x-guidance must be an object, got {quoted(own)}", "tools")
+    options = {**JSON_OPTIONS, "lenient": not strict, **own}
     try:
         return json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
     except RecursionError:
-        raise OptionError("a tool's parameters schema is nested too deeply", "tools") from None
+        raise OptionError("a schema beside the tools is nested too deeply", "tools") from None
     except (TypeError, ValueError) as e:
-        raise OptionError(f"a tool's parameters schema is not JSON: {e}", "tools") from None
+        raise OptionError(f"a schema beside the tools is not JSON: {e}", "tools") from None
 
 
 def tool_plan(tools: Any = None, tool_choice: Any = None, parallel_tool_calls: Any = None) -> Optional[ToolPlan]:
