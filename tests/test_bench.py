@@ -842,6 +842,8 @@ def test_structured_runs_report_validity_the_forced_share_and_the_mask_share(tmp
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
     assert valid_json('{"n": 3}', schema) and not valid_json('{"n": 30}', schema) and not valid_json("{", schema)
     assert valid_json('"a@b.c"', {"format": "email"}) and not valid_json('"ab"', {"format": "email"})
+    cents = {"type": "number", "multipleOf": 0.01}  # decimals as JSON writes them (0.07 / 0.01 is not 7.0 in floats)
+    assert valid_json("0.07", cents) and not valid_json("0.071", cents) and valid_json("2.0", {"type": "integer"})
     t = FakeLM(salt=1, n_seq_max=9, alphabet=ASCII, sharpness=2.0)
     engine = fake_engine(t, FakeLM(salt=2, n_seq_max=9, alphabet=ASCII), max_tokens=40)
     prompts = [{"id": "a", "prompt": "x", "schema": schema}, {"id": "b", "prompt": "y", "schema": {"enum": ["yes"]}}]

@@ -3,6 +3,7 @@ measured the same way."""
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import os
@@ -245,14 +246,24 @@ def validator() -> Any:
 
 def valid_json(text: str, schema: dict[str, Any]) -> bool:
     """Whether ``text`` is JSON that validates against ``schema`` (string formats checked where
-    jsonschema has a checker for them: date, email, ipv4, uuid, ...)."""
+    jsonschema has a checker for them: date, email, ipv4, uuid, ...). Numbers are read as the
+    decimals JSON writes, schema and answer alike: in binary floats 0.07 is no multiple of 0.01."""
     jsonschema = validator()
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_float=decimal.Decimal)
     except (ValueError, RecursionError):
         return False
-    checker = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
-    return bool(checker.is_valid(value))
+    exact = json.loads(json.dumps(schema), parse_float=decimal.Decimal)
+    base = jsonschema.validators.validator_for(exact)
+    integral = base.TYPE_CHECKER.redefine(  # JSON schema: 2.0 is an integer
+        "integer", lambda checker, x: base.TYPE_CHECKER.is_type(x, "integer") or _integral(x)
+    )
+    checker = jsonschema.validators.extend(base, type_checker=integral)
+    return bool(checker(exact, format_checker=jsonschema.FormatChecker()).is_valid(value))
+
+
+def _integral(x: Any) -> bool:
+    return isinstance(x, decimal.Decimal) and x.is_finite() and x == x.to_integral_value()
 
 
 # Stats of the adaptive-drafting controller (gamma/width "auto"): passed through when present.
