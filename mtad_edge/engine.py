@@ -46,20 +46,40 @@ from mtad_edge.runtime.errors import (
 )
 from mtad_edge.runtime.options import AUTO, AUTO_WIDTH_MAX, check
 from mtad_edge.runtime.stats import Stats
+from mtad_edge.runtime.text import structured
 from mtad_edge.runtime.text.chat import ROLES
-from mtad_edge.runtime.text.constraint import Grammar
+from mtad_edge.runtime.text.constraint import Compiled, Grammar
 from mtad_edge.runtime.text.constraint import compile as compile_grammar
 from mtad_edge.runtime.text.special import TooLong
+from mtad_edge.runtime.text.structured import CallStream, Event, ToolPlan
 from mtad_edge.textstream import StopText, TextStream
 
 
 class Response:
     """A lazy generation: iterate for text chunks (never a split UTF-8 character, never part of
     a stop string) or call ``text()``. ``tokens``, ``stats`` and ``finish_reason`` are filled as
-    it runs. ``cancel()`` may be called from any thread."""
+    it runs. ``cancel()`` may be called from any thread.
 
-    def __init__(self, engine: Engine, gen: Generation, stop: Sequence[str], logprobs: Optional[int] = None):
+    Under a constraint ``finish_reason`` is "stop" only where the answer is complete: "dead_end"
+    where nothing the grammar allows could follow, "cut" where a stop string cut it short. With
+    tools (``Engine.chat(tools=...)``) an answer of calls ends "tool_calls" and ``tool_calls`` holds
+    them in OpenAI's shape (the text keeps the calls as the model wrote them);
+    ``take_tool_deltas`` reads the answer as content and calls while it streams."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        gen: Generation,
+        stop: Sequence[str],
+        logprobs: Optional[int] = None,
+        constraint: Optional[Compiled] = None,
+        calls: bool = False,
+    ):
         self._engine, self._gen, self._stop, self._top = engine, gen, list(stop), logprobs
+        self._constraint = constraint
+        self._calls: Optional[CallStream] = CallStream() if calls else None
+        self._deltas: list[Event] = []
+        self.tool_calls: Optional[list[dict[str, Any]]] = None  # with tools: the calls the answer made
         self.prompt_ids: list[int] = list(gen.tokens)
         self.prompt_tokens = len(self.prompt_ids)
         self._cancel = threading.Event()
@@ -90,6 +110,18 @@ class Response:
         string, never), and a chunk may bring several blocks or none. Once the run ended, the last
         call also holds a record of steps that committed no token (one that drew end-of-text)."""
         taken, self._blocks = self._blocks, []
+        return taken
+
+    @property
+    def reads_calls(self) -> bool:
+        """Whether the answer may be tool calls (``take_tool_deltas`` then says what it is)."""
+        return self._calls is not None
+
+    def take_tool_deltas(self) -> list[Event]:
+        """With tools: the answer so far since the last call, as structured.CallStream's events
+        (content, a call's name, its arguments' text); text that may still become a call is held
+        back until it is known."""
+        taken, self._deltas = self._deltas, []
         return taken
 
     def __iter__(self) -> Iterator[str]:
@@ -146,7 +178,20 @@ class Response:
     def _emit(self, piece: str) -> Iterator[str]:
         if piece:
             self._text.append(piece)
+            if self._calls is not None:
+                self._deltas += self._calls.push(piece)
             yield piece
+
+    def _settle(self, hit: bool = False) -> None:
+        """The answer ended (finish_reason set; ``hit``: by a stop string): a stop string that cut
+        a constrained answer short makes it "cut"; an answer of tool calls makes it "tool_calls"."""
+        if hit and self._constraint is not None and not self._constraint.complete("".join(self._text)):
+            self.finish_reason = self.stats.finish_reason = "cut"
+        if self._calls is not None:
+            self._deltas += self._calls.finish()
+            calls = self._calls.calls()
+            if calls and self.finish_reason == "stop":
+                self.tool_calls, self.finish_reason = calls, "tool_calls"
 
     def _run(self) -> Generator[str, None, None]:
         eng, gen = self._engine, self._gen
@@ -172,6 +217,7 @@ class Response:
                     yield from self._emit(out)
                     if hit:
                         self.finish_reason = "stop"
+                        self._settle(hit=True)
                         return
                     if self._cancel.is_set():
                         self.finish_reason = CANCELLED
@@ -182,6 +228,7 @@ class Response:
                 out, _ = stop.push(text.flush())
                 yield from self._emit(out + stop.flush())
                 self.finish_reason = gen.stats.finish_reason
+                self._settle()
             finally:
                 blocks.close()  # ends the run cleanly (the caches stay reusable)
                 if self.finish_reason is None:
@@ -386,6 +433,9 @@ class Engine:
         learned_costs: bool = False,
         parse_special: bool = True,
         constraint: Optional[Grammar] = None,
+        response_format: Optional[dict[str, Any]] = None,
+        json_schema: Optional[dict[str, Any]] = None,
+        grammar: Optional[str] = None,
         **options: Any,
     ) -> Response:
         """Complete raw ``prompt`` text. Options: method, max_tokens, temperature, top_k, top_p,
@@ -396,7 +446,10 @@ class Engine:
         (``<|im_start|>``) become control tokens, as llama.cpp's tools read a raw prompt; False
         keeps them text. ``constraint``: a ``Grammar`` the answer follows (JSON schema, JSON object,
         Lark, GBNF, regex: docs/structured-output.md); the answer ends with finish reason "stop"
-        where it is complete, "dead_end" where nothing the grammar allows can follow.
+        where it is complete, "dead_end" where nothing the grammar allows can follow, "cut" where a
+        stop string cut it short. Or, as the server's fields: ``response_format`` (OpenAI's
+        {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...,
+        "strict": ...}}), ``json_schema`` (a schema) or ``grammar`` (GBNF or Lark text); one at most.
 
         Without a seed the cached prefix of the last request is reused (a chat's next turn
         prefills only what is new). With one, the caches are cleared first: llama.cpp's logits
@@ -410,29 +463,46 @@ class Engine:
         check_text(prompt, "prompt")
         if not isinstance(parse_special, bool):
             raise OptionError(f"parse_special must be True or False, got {quoted(parse_special)}", "parse_special")
-        return self._start(lambda _: [(prompt, parse_special)], stop, logprobs, learned_costs, options, constraint)
+        asked = _constraint(constraint, response_format, json_schema, grammar, None)
+        return self._start(lambda _: [(prompt, parse_special)], stop, logprobs, learned_costs, options, asked)
 
     def chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         *,
         stop: Sequence[str] = (),
         logprobs: Optional[int] = None,
         learned_costs: bool = False,
         constraint: Optional[Grammar] = None,
+        response_format: Optional[dict[str, Any]] = None,
+        json_schema: Optional[dict[str, Any]] = None,
+        grammar: Optional[str] = None,
+        tools: Optional[list[dict[str, Any]]] = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: Optional[bool] = None,
         **options: Any,
     ) -> Response:
         """Answer a conversation rendered with the pair's chat template. Only the template's markup
         becomes control tokens: a message's text stays text, whatever it holds (a user's
-        ``<|im_end|>`` closes no turn). ``constraint``: as ``generate``'s."""
+        ``<|im_end|>`` closes no turn). ``constraint``, ``response_format``, ``json_schema``,
+        ``grammar``: as ``generate``'s.
+
+        ``tools`` (OpenAI's function list), ``tool_choice`` ("auto" by default, "none", "required"
+        or {"type": "function", "function": {"name": ...}}), ``parallel_tool_calls`` (True: up to
+        8 calls; default one, as llama-server): the answer may be (auto) or must be (required, named) calls,
+        ``Response.tool_calls`` (docs/structured-output.md#tool-calls). Messages may hold an
+        assistant's ``tool_calls`` and ``tool`` results."""
         self._check_messages(messages)
+        plan = structured.tool_plan(tools, tool_choice, parallel_tool_calls)
+        asked = _constraint(constraint, response_format, json_schema, grammar, plan)
 
         def segments(limit: int) -> Segments:
             if len(messages) > limit:  # every message renders to a token or more
                 raise TooLong(limit, f"{len(messages)} messages, each a token or more")
-            return self._require_open().chat_segments(messages)
+            return self._require_open().chat_segments(messages, plan)
 
-        return self._start(segments, stop, logprobs, learned_costs, options, constraint)
+        calls = plan is not None and plan.mode != "none"
+        return self._start(segments, stop, logprobs, learned_costs, options, asked, calls)
 
     @property
     def has_chat_template(self) -> bool:
@@ -443,14 +513,14 @@ class Engine:
             return False
         return True
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Messages -> prompt text with the pair's chat template."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> str:
+        """Messages (and ``tools``, offered as ``chat`` offers them) -> prompt text with the pair's
+        chat template."""
         self._check_messages(messages)
-        return self._require_open().render_chat(messages)
+        return self._require_open().render_chat(messages, structured.tool_plan(tools))
 
     def _check_messages(self, messages: Any) -> None:
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts", "messages")
+        structured.check_messages(messages)
         for m in messages:
             check_text(m.get("role"), "messages", "each message's role")
             if m["role"] not in ROLES:  # as the server refuses it: a template would render it any way it likes
@@ -458,7 +528,8 @@ class Engine:
                     f"a message's role must be {', '.join(ROLES[:-1])} or {ROLES[-1]}, got {quoted(m['role'])}",
                     "messages",
                 )
-            check_text(m.get("content"), "messages", "each message's content")
+            if m.get("content") is not None or not m.get("tool_calls"):  # an assistant's calls may come alone
+                check_text(m.get("content"), "messages", "each message's content")
 
     def _start(
         self,
@@ -467,12 +538,14 @@ class Engine:
         logprobs: Optional[int],
         learned_costs: bool,
         options: dict[str, Any],
-        constraint: Optional[Grammar] = None,
+        constraint: Optional[tuple[Grammar, str]] = None,
+        calls: bool = False,
     ) -> Response:
         """A response to the prompt ``text(limit)`` makes: the request's options are checked first,
         then the prompt is tokenised, refused from its size where it cannot fit the context's
         ``limit`` tokens (before tokenising where its bytes or messages tell, else as it is), then
-        the constraint compiled for the target's vocabulary (bounded in time, cached)."""
+        the constraint compiled for the target's vocabulary (bounded in time, cached; a refusal
+        names the argument it came from). ``calls``: the answer may be tool calls."""
         models = self._require_open()
         cfg, model, why = self._request(options, learned_costs)
         stops = check("stop", list(stop) if isinstance(stop, tuple) else stop)
@@ -486,9 +559,12 @@ class Engine:
             raise ContextOverflowError(
                 f"prompt has {e} but the context holds {limit} (--ctx-size); shorten it or raise --ctx-size"
             ) from None
-        if constraint is not None and not isinstance(constraint, Grammar):
-            raise OptionError(f"constraint must be a Grammar, got {quoted(constraint)}", "constraint")
-        compiled = compile_grammar(constraint, models.target) if constraint is not None else None
+        compiled = None
+        if constraint is not None:
+            try:
+                compiled = compile_grammar(constraint[0], models.target)
+            except OptionError as e:
+                raise OptionError(str(e), constraint[1]) from None
         gen = Generation(
             models.target,
             models.aux,
@@ -501,7 +577,9 @@ class Engine:
             constraint=compiled,
         )
         gen.stats.auto = why
-        response = Response(self, gen, stops, logprobs)  # prompt length is checked here, before any work
+        response = Response(
+            self, gen, stops, logprobs, compiled, calls
+        )  # prompt length is checked here, before any work
         self._responses.add(response)
         return response
 
@@ -679,6 +757,28 @@ def _nonfinite(models: LoadedPair) -> str:
             origin = model.logits_origin() if hasattr(model, "logits_origin") else "its backend"
             return f"the {role} model {name} gave non-finite logits (NaN or inf), computed by {origin}; the run stopped"
     return "a model gave non-finite logits (NaN or inf); the run stopped"
+
+
+def _constraint(
+    constraint: Optional[Grammar],
+    response_format: Any,
+    json_schema: Any,
+    grammar: Any,
+    plan: Optional[ToolPlan],
+) -> Optional[tuple[Grammar, str]]:
+    """The request's grammar and the argument a refusal names: one of ``constraint`` and the
+    format fields, joined with the tools' calls where they may be made."""
+    found = structured.constraint_of(response_format, json_schema, grammar)
+    if constraint is not None:
+        if not isinstance(constraint, Grammar):
+            raise OptionError(f"constraint must be a Grammar, got {quoted(constraint)}", "constraint")
+        if found is not None:
+            raise OptionError(f"give constraint or {found[1]}, not both", found[1])
+        found = (constraint, "constraint")
+    if plan is None or plan.mode == "none":
+        return found
+    joined = plan.grammar(found[0] if found else None)
+    return (joined, "tools") if joined is not None else None
 
 
 def _no_aux(method: str) -> str:

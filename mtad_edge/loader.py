@@ -3,6 +3,7 @@ the methods that will run on it (each method's ``layout`` says what a step needs
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -18,8 +19,9 @@ from mtad_edge.runtime.backend import Backend, Segments
 from mtad_edge.runtime.backends import amx, guard
 from mtad_edge.runtime.backends.rpc import Placement, gpu_offload, parse_endpoints
 from mtad_edge.runtime.errors import MtadEdgeError, OptionError, json_int, quoted
-from mtad_edge.runtime.text import chat
+from mtad_edge.runtime.text import chat, structured
 from mtad_edge.runtime.text.compat import MISMATCH_MODES, mismatch_verdict, vocab_difference
+from mtad_edge.runtime.text.structured import ToolPlan
 from mtad_edge.runtime.text.vocab import COVERAGE_SAMPLE, VocabMap, map_models
 
 BACKENDS = ("auto", "llama.cpp", "onnx")
@@ -197,30 +199,77 @@ class LoadedPair:
         self.vocab = vocab  # the map between different vocabularies (None: the same vocabulary)
         self.methods = tuple(method_names) if method_names is not None else methods.names()
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Messages -> prompt text with the template the manifest names (default: the model's)."""
+    def render_chat(self, messages: list[dict[str, Any]], plan: Optional[ToolPlan] = None) -> str:
+        """Messages -> prompt text with the template the manifest names (default: the model's);
+        ``plan``: the request's tools (structured.py: the template's own way where it takes them,
+        else the fallback's system block)."""
+        render, messages = self._renderer(messages, plan)
+        return render(messages)
+
+    def _template(self, messages: list[dict[str, Any]]) -> str:
         spec = (self.pair.manifest.data.get("chat_template") or {}) if self.pair.manifest else {}
         name = spec.get("name") if spec.get("source") == "builtin" else None
         return self.target.apply_chat_template(messages, template=name)
 
-    def chat_segments(self, messages: list[dict[str, str]]) -> Segments:
+    def tools_template(self) -> Optional[str]:
+        """The model's chat template where it takes tools in the format structured.py writes
+        (a manifest's built-in template takes none)."""
+        spec = (self.pair.manifest.data.get("chat_template") or {}) if self.pair.manifest else {}
+        read = getattr(self.target, "chat_template_text", None)
+        if spec.get("source") == "builtin" or read is None:
+            return None
+        text = read()
+        return text if isinstance(text, str) and structured.takes_tools(text) else None
+
+    def _renderer(
+        self, messages: list[dict[str, Any]], plan: Optional[ToolPlan]
+    ) -> tuple[Callable[[list[dict[str, Any]]], str], list[dict[str, Any]]]:
+        """How to render ``messages`` and what to render: plain ones with the model's template; with
+        tools offered or tool turns in the history, the template given them where it takes them,
+        else the fallback (structured.plain_messages)."""
+        offered = plan.offered if plan is not None else ()
+        if not offered and not structured.has_tool_turns(messages):
+            return self._template, messages
+        template = self.tools_template()
+        if template is None:
+            return self._template, structured.plain_messages(messages, plan.block() if plan and offered else None)
+        vocab, target = self.target.vocab_info(), self.target
+        names = {
+            key: target.token_bytes(i).decode("utf-8", "replace")
+            for key, i in (("bos_token", vocab.bos), ("eos_token", vocab.eos))
+            if 0 <= i < target.n_vocab
+        }
+        tools = [t.spec() for t in offered] or None
+        messages = structured.template_messages(messages)
+        for m in messages:  # a call's arguments are the template's markup: none may hold a special token's text
+            for call in m.get("tool_calls") or ():
+                self._no_special(
+                    json.dumps(call["function"]["arguments"], ensure_ascii=False), "a tool call's arguments"
+                )
+        return (lambda ms: chat.render(template, ms, tools=tools, **names)), messages
+
+    def chat_segments(self, messages: list[dict[str, Any]], plan: Optional[ToolPlan] = None) -> Segments:
         """Messages -> the template's markup and the messages' text, apart (runtime/text/chat.py), so
         only the markup becomes control tokens."""
-        found = chat.segments(self.render_chat, messages)
+        render, messages = self._renderer(messages, plan)
+        found = chat.segments(render, messages)
         if found is not None:
             return found
         # A template that changes the contents beyond trimming them: their text cannot be found in
         # its output, so the whole is markup, unless a content would then become control tokens.
         for m in messages:
-            if self.target.tokenize(m["content"], add_special=False) != self.target.tokenize(
-                m["content"], add_special=False, special=False
-            ):
-                raise OptionError(
-                    f"a {m['role']} message holds a special token's text, and this chat template changes "
-                    "messages so that their text cannot be kept apart from its markup",
-                    "messages",
-                )
-        return [(self.render_chat(messages), True)]
+            self._no_special(m["content"], f"a {m['role']} message")
+        return [(render(messages), True)]
+
+    def _no_special(self, text: str, what: str) -> None:
+        if self.target.tokenize(text, add_special=False) != self.target.tokenize(
+            text, add_special=False, special=False
+        ):
+            raise OptionError(
+                f"{what} holds a special token's text, and this chat template changes messages so that "
+                "their text cannot be kept apart from its markup",
+                "messages",
+            )
 
     def close(self) -> None:
         for m in (self.aux, self.target):

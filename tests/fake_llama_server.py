@@ -109,7 +109,8 @@ def main() -> None:
             if drafting:
                 timings |= {"draft_n": 2 * n, "draft_n_accepted": n}
             tokens = config.get("tokens") or list(range(100, 100 + n))
-            self.answer(200, {"content": "x" * n, "tokens": tokens, "stop_type": "limit", "timings": timings})
+            content = config.get("content", "x" * n)
+            self.answer(200, {"content": content, "tokens": tokens, "stop_type": "limit", "timings": timings})
 
     port = int(args[args.index("--port") + 1])
     HTTPServer((args[args.index("--host") + 1], port), Handler).serve_forever()

@@ -178,6 +178,7 @@ def test_run_order_is_a_seeded_permutation_that_moves_every_variant():
         # these two failed only when their prompt's turn came, after the prompts before it had run
         ('{"prompt": "a"}\n{"prompt": ""}\n', "line 2: the 'prompt' is empty"),
         ('{"prompt": "a"}\n{"prompt": "\\udcff"}\n', "line 2: the 'prompt' is not valid UTF-8 text: b'\\xff'"),
+        ('{"prompt": "a", "schema": "object"}\n', "line 1: the 'schema' must be a JSON schema object"),
     ],
 )
 def test_bad_prompts_file_is_a_one_line_error(tmp_path, content, needle):
@@ -957,3 +958,63 @@ def test_bench_writes_each_run_into_a_new_dated_folder(tmp_path, monkeypatch):
     made = sorted(p.name for p in (tmp_path / "bench-out").iterdir())
     assert len(made) == 2 and re.fullmatch(r"\d{4}-\d\d-\d\d-\d{4}", made[0]) and made[1] in (made[0] + "-2",)
     assert all((tmp_path / "bench-out" / m / "sizes.md").is_file() for m in made)
+
+
+def test_the_structured_set_has_20_schemas_of_every_kind_and_each_compiles():
+    """--prompts structured: each prompt's schema is a valid JSON schema, compiles for a vocabulary,
+    and the set has what the issue asks for (nested objects, bounded arrays, enums, ranges,
+    optional fields, anyOf, string formats)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from helpers import ASCII
+    from mtad_edge.bench.run import load_prompts
+    from mtad_edge.runtime.text import constraint as C
+
+    prompts = load_prompts("structured")
+    assert len(prompts) >= 20 and all("schema" in p and "messages" in p for p in prompts)
+    text = json.dumps([p["schema"] for p in prompts])
+    for word in ('"properties": {"', '"maxItems"', '"enum"', '"minimum"', '"anyOf"', '"format": "date"', '"email"'):
+        assert word in text, word
+    assert any(set(p["schema"].get("properties", {})) - set(p["schema"].get("required", [])) for p in prompts)
+    vocab = FakeLM(alphabet=ASCII)
+    for p in prompts:
+        jsonschema.validators.validator_for(p["schema"]).check_schema(p["schema"])
+        C.compile(C.Grammar.json_schema(p["schema"], strict=True), vocab)  # strict: nothing in it is ignored
+
+
+def test_structured_runs_report_validity_the_forced_share_and_the_mask_share(tmp_path):
+    """run_bench with schemas on fake models: every answer that ended 'stop' validates; the rows and
+    the aggregate count valid answers, the forced drafter's share and the masks' time; the report
+    has a table of them, llama-server's rows beside ours."""
+    pytest.importorskip("jsonschema")
+    from helpers import ASCII, fake_engine
+    from mtad_edge.bench.report import report_markdown
+    from mtad_edge.bench.run import BenchConfig, aggregate, run_bench, structured, valid_json
+    from mtad_edge.bench.variants import Variant
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
+    assert valid_json('{"n": 3}', schema) and not valid_json('{"n": 30}', schema) and not valid_json("{", schema)
+    assert valid_json('"a@b.c"', {"format": "email"}) and not valid_json('"ab"', {"format": "email"})
+    cents = {"type": "number", "multipleOf": 0.01}  # decimals as JSON writes them (0.07 / 0.01 is not 7.0 in floats)
+    assert valid_json("0.07", cents) and not valid_json("0.071", cents) and valid_json("2.0", {"type": "integer"})
+    t = FakeLM(salt=1, n_seq_max=9, alphabet=ASCII, sharpness=2.0)
+    engine = fake_engine(t, FakeLM(salt=2, n_seq_max=9, alphabet=ASCII), max_tokens=40)
+    prompts = [{"id": "a", "prompt": "x", "schema": schema}, {"id": "b", "prompt": "y", "schema": {"enum": ["yes"]}}]
+    cfg = BenchConfig(variants=(Variant("ar", "ar"), Variant("sd", "sd")), repeats=2, decode=engine.defaults)
+    rows = run_bench(engine, prompts, cfg)
+    assert all(r["valid"] == (r["finish_reason"] == "stop") and r["mask_s"] > 0 for r in rows), rows
+    agg = aggregate(rows)
+    st = agg["ar"]["structured"]
+    assert st["runs"] == 4 and st["valid"] == sum(r["valid"] for r in rows if r["label"] == "ar")
+    assert 0 < st["mask_share"] < 1 and st["forced_share"] is None  # no forced drafter among these
+    forced_rows = [{**r, "drafters": {"forced": {"drafted": 5, "accepted": 5}}} for r in rows if r["label"] == "ar"]
+    assert structured(forced_rows, {"forced": {}})["forced_share"] == pytest.approx(
+        20 / sum(r["generated"] for r in forced_rows)
+    )
+    peer = {"settings": {"llama-server ar": {"structured": {"runs": 4, "valid": 3, "validity": 0.75}}}}
+    cfg = {"prompts": 2, "repeats": 2, "max_tokens": 40, "temperature": 1.0, "top_k": 10, "top_p": 0.9, "gamma": 4}
+    cfg |= {"beam_width": 4, "accept_threshold": 0.5, "threads": 2}
+    md = report_markdown({"pair": {"name": "p"}, "config": cfg, "methods": agg, "ratios": {}, "llama_server": None})
+    assert "Structured answers" in md and f"| ar | {st['valid']} of 4" in md
+    from mtad_edge.bench.report import _structured_table
+
+    assert "| llama-server ar | 3 of 4 (75%) | – | – | – |" in _structured_table({}, peer)

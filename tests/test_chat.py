@@ -107,6 +107,22 @@ def test_each_turn_prefills_only_what_is_new(engine):
     assert [t["role"] for t in s.turns] == ["user", "assistant", "user", "assistant"]
 
 
+def test_json_mode_makes_each_answer_a_json_object(engine, capsys):
+    import json
+
+    s = ChatSession(engine, "mtad", None, drop_oldest=False, out=Sink())
+    s.command("/json")
+    s.turn("Describe a cat.")
+    assert "(JSON mode: each answer is a JSON object)" in capsys.readouterr().err
+    answer = s.turns[-1]["content"]
+    if s.last_stats.finish_reason == "stop":  # else max_tokens cut it (24 here)
+        assert isinstance(json.loads(answer), dict)
+    else:
+        assert answer.startswith("{") and s.last_stats.finish_reason == "length"
+    s.command("/json")
+    assert "(JSON mode off)" in capsys.readouterr().err and not s.json_mode
+
+
 def test_context_full_refuses_or_drops_oldest_turns(engine, capsys):
     long = "Tell me about rivers. " * 40  # ~200 tokens a turn in a 512-token context
     s = ChatSession(engine, "ar", None, drop_oldest=False, out=Sink())

@@ -89,6 +89,41 @@ def test_onnx_model_without_onnxruntime_installed_is_a_one_line_error(tmp_path, 
     assert r.output.startswith("Error: the ONNX Runtime backend needs onnxruntime: pip install 'mtad-edge[onnx]'")
 
 
+def test_a_bad_constraint_is_a_one_line_error_before_any_load(tmp_path):
+    (tmp_path / "bad.json").write_text("{nope")
+    (tmp_path / "bin.gbnf").write_bytes(b"\xff\xfe")
+    for args, words in [
+        (["--json-schema", str(tmp_path / "none.json")], "Error: --json-schema: cannot read"),
+        (["--json-schema", str(tmp_path / "bad.json")], "is not JSON (Expecting property name"),
+        (["--json-schema", '{"type": "object", "x": '], "Error: --json-schema: the schema is not JSON"),
+        (["--json-schema", "[1]"], "cannot read"),
+        (["--grammar", str(tmp_path / "bin.gbnf")], "is not UTF-8 text"),
+        (["--regex", "a" * 200_000], "more than the 131072 allowed"),
+    ]:
+        r = invoke("generate", "hi", "--pair", "no-such-pair", *args)  # no such pair: the constraint is read first
+        assert r.exit_code == 1 and r.output.startswith("Error: ") and words in r.output, (args, r.output)
+        assert r.output.count("\n") == 1
+    r = invoke("generate", "hi", "--regex", "a", "--grammar", "g.gbnf")
+    assert r.exit_code == 2 and "give one of --grammar and --regex" in r.output
+
+
+@pytest.mark.slow
+def test_generate_follows_a_json_schema_a_grammar_file_or_a_regex(smol_files, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"planet": {"enum": ["Mars", "Venus"]}}, "required": ["planet"]}
+    (tmp_path / "yes.gbnf").write_text('root ::= "yes" | "no"')
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    for args, check in [
+        (["--json-schema", str(tmp_path / "s.json")], lambda t: jsonschema.validate(json.loads(t), schema)),
+        (["--grammar", str(tmp_path / "yes.gbnf")], lambda t: t in ("yes", "no")),
+        (["--regex", "[0-9]{4}"], lambda t: len(t) == 4 and t.isdigit()),
+    ]:
+        r = CliRunner().invoke(cli, ["generate", "--json", "--chat", "--max-tokens", "24", "--seed", "1", "Hi", *args])
+        out = json.loads(r.stdout)
+        assert r.exit_code == 0 and out["finish_reason"] == "stop", r.output
+        assert check(out["text"]) is not False, out["text"]
+
+
 @pytest.mark.slow
 def test_generate_json_is_one_object_with_text_tokens_stats(smol_files):
     r = CliRunner().invoke(
@@ -108,7 +143,7 @@ def test_generate_json_is_one_object_with_text_tokens_stats(smol_files):
     )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)  # stdout holds the JSON object and nothing else
-    assert set(out) == {"text", "tokens", "stats"}
+    assert set(out) == {"text", "tokens", "finish_reason", "stats"}
     assert set(out["stats"]) >= STATS_KEYS and out["stats"]["method"] == "mtad"
     assert len(out["tokens"]) == out["stats"]["generated"] <= 12 and out["text"]
     assert out["stats"]["seed"] == 1

@@ -146,6 +146,22 @@ def test_the_column_asks_with_our_prompt_tokens_sampling_and_seeds_and_reads_the
     assert "-md d.gguf" in found["commands"]["llama-server draft n-max 3 p-min 0"]
 
 
+def test_a_prompts_schema_goes_as_its_json_schema_and_the_answers_are_validated(tmp_path):
+    pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 5}}, "required": ["n"]}
+    exe, log = fake_server(tmp_path, content='{"n": 3}')
+    base = DecodeConfig(max_tokens=6)
+    prompts = [{**PROMPTS[0], "schema": schema}, PROMPTS[1]]
+    col = peer.Column(exe, Path("t.gguf"), None, peer.check_binary(exe), base, prompts, IDS, threads=2, n_ctx=512,
+                      flash_attn=None)  # fmt: skip
+    run_all(col, repeats=1)
+    bodies = [r["body"] for r in entries(log, "request")]
+    assert bodies[0]["json_schema"] == schema and "json_schema" not in bodies[1]
+    found = col.results([], {})
+    assert found["settings"]["llama-server ar"]["structured"] == {"runs": 1, "valid": 1, "validity": 1.0}
+    assert "json_schema" not in found["request"]
+
+
 def test_the_servers_weights_are_placed_as_ours(tmp_path):
     """--n-gpu-layers / --aux-gpu-layers become -ngl / -ngld (our -1, every layer, is its "all");
     unset, llama-server keeps its own default (auto: what fits)."""

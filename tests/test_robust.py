@@ -196,8 +196,8 @@ def test_max_tokens_is_capped_by_the_context():
         ({"model": 5}, 400, "model"),
         ({"stream": "yes"}, 400, "stream"),
         ({"stream": 1}, 400, "stream"),
-        ({"response_format": {"type": "json_object"}}, 400, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ({"response_format": {"type": "yaml"}}, 400, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "not a name"}}]}, 400, "tools"),
         ({"tool_choice": "required"}, 400, "tool_choice"),
         ({"presence_penalty": 2.5}, 400, "presence_penalty"),  # OpenAI's range is -2..2
         ({"frequency_penalty": -3}, 400, "frequency_penalty"),

@@ -260,8 +260,8 @@ def test_any_model_name_is_served_health_needs_no_key_and_each_request_is_logged
 @pytest.mark.parametrize(
     "kw,param",
     [
-        (dict(response_format={"type": "json_object"}), "response_format"),
-        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+        (dict(response_format={"type": "yaml"}), "response_format"),
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": []}}]), "tools"),
         (dict(tool_choice="required"), "tool_choice"),
         (dict(presence_penalty=2.5), "presence_penalty"),  # OpenAI's range: -2..2
         (dict(frequency_penalty=-3), "frequency_penalty"),

@@ -27,6 +27,7 @@ from typing import IO, Any, Optional
 
 from mtad_edge.bench.drafting import share
 from mtad_edge.bench.native import flash_attn_flags
+from mtad_edge.bench.run import valid_json
 from mtad_edge.runtime.backends.llama_cpp_backend import uses_amx
 from mtad_edge.runtime.config import DecodeConfig
 from mtad_edge.runtime.errors import MtadEdgeError
@@ -333,9 +334,12 @@ class Column:
     def request(self, i: int, seed: int) -> dict[str, Any]:
         """The bench's sampling as llama-server's /completion takes it: our prompt tokens (no BOS
         added to ids), min-p off (its default is 0.05), our sampler order, n_predict = max tokens,
-        EOS honoured, no prompt cache (every run prefills as ours does), the tokens back."""
+        EOS honoured, no prompt cache (every run prefills as ours does), the tokens back; a prompt's
+        schema as its ``json_schema`` (it constrains the target; the draft model drafts without it)."""
         s = self.base.sampling
+        schema = self.prompts[i].get("schema")
         return {
+            **({"json_schema": schema} if schema is not None else {}),
             "prompt": list(self.prompt_ids[i]),
             "n_predict": self.base.max_tokens,
             "temperature": s.temperature,
@@ -366,8 +370,10 @@ class Column:
             self.error = f"{setting.label}, prompt {item['id']!r}: {e}"
             self.say(f"bench: the llama-server column stops: {self.error}")
             return
-        tokens = row.pop("tokens")
+        tokens, content = row.pop("tokens"), row.pop("content")
         logp = self.score(list(self.prompt_ids[i]), tokens) if self.score is not None and tokens else None
+        if "schema" in item:  # the validity column, as ours (bench/run.py)
+            row["valid"] = valid_json(content, item["schema"])
         self.rows.append(
             {
                 "label": setting.label,
@@ -404,7 +410,7 @@ class Column:
             "settings": found,
             "x_llama_server_ar": {label: v / speed if speed and v else None for label, v in every.items()},
             "temperature": self.base.sampling.temperature,
-            "request": {k: v for k, v in self.request(0, 0).items() if k not in ("prompt", "seed")},
+            "request": {k: v for k, v in self.request(0, 0).items() if k not in ("prompt", "seed", "json_schema")},
             "commands": {s.label: " ".join(self.command(s)) for s in self.settings},
             "start_s": self.start_s,
             "no_draft": self.no_draft,
@@ -430,6 +436,7 @@ def _row(answer: Any) -> dict[str, Any]:
             "accepted": int(t.get("draft_n_accepted", 0)),
             "stop_type": answer.get("stop_type"),
             "tokens": [int(x) for x in answer.get("tokens") or []],
+            "content": str(answer.get("content") or ""),
         }
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise MtadEdgeError(f"llama-server answered without the timings we read ({type(e).__name__}: {e})") from None
@@ -465,4 +472,14 @@ def aggregate(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
         "start_s": statistics.median(r["start_s"] for r in rows),
         # runs where the server's prompt count is not the tokens we sent (it would not compare)
         "prompt_tokens_differ": sum(r["prompt_tokens"] != r["prompt_sent"] for r in rows),
+        **_validity(rows),
     }
+
+
+def _validity(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """With schemas: the answers that parse and validate (ours say so in bench/run.py's structured)."""
+    judged = [r for r in rows if r.get("valid") is not None]
+    if not judged:
+        return {}
+    valid = sum(bool(r["valid"]) for r in judged)
+    return {"structured": {"runs": len(judged), "valid": valid, "validity": valid / len(judged)}}

@@ -89,6 +89,7 @@ def report_markdown(results: dict, chart: bool = False) -> str:
     lines += _vocab_table(methods)
     lines += _rpc_table(methods, results.get("rpc"))
     lines += _drafters_table(methods)
+    lines += _structured_table(methods, results.get("llama_server"))
     lines += _lookup_line(results.get("lookup_ceiling"))
     native = results.get("native")
     if native:
@@ -513,6 +514,25 @@ def _drafters_table(methods: dict) -> list[str]:
                 f"| {m} | {name} | {d.get('steps', 0)} | {d['drafted']} | {d['accepted']} "
                 f"| {_fmt(d['acceptance_rate'], '.1%')} |"
             )
+    return lines
+
+
+def _structured_table(methods: dict, peer: Optional[dict]) -> list[str]:
+    """With schemas (--prompts structured): the answers that parse and validate, per row, with
+    ours' share of tokens the grammar forced and drafted free, the masks' share of decoding time,
+    and how the runs ended."""
+    rows = {m: a["structured"] for m, a in methods.items() if a.get("structured")}
+    theirs = {k: a["structured"] for k, a in ((peer or {}).get("settings") or {}).items() if a.get("structured")}
+    if not rows and not theirs:
+        return []
+    lines = ["", "Structured answers (each prompt's JSON schema; valid: parses and validates):", ""]
+    lines += ["| row | valid | forced share | mask share | finish |", "|---|---|---|---|---|"]
+    for label, st in {**rows, **theirs}.items():
+        ends = ", ".join(f"{k} {n}" for k, n in sorted((st.get("finish_reasons") or {}).items()))
+        lines.append(
+            f"| {label} | {st['valid']} of {st['runs']} ({st['validity']:.0%}) | {_fmt(st.get('forced_share'), '.1%')} "
+            f"| {_fmt(st.get('mask_share'), '.1%')} | {ends or '–'} |"
+        )
     return lines
 
 

@@ -3,6 +3,7 @@ measured the same way."""
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import os
@@ -45,11 +46,15 @@ class BenchConfig:
 # instructions) for the quality preset.
 # The input-grounded set (grounded): rewrite, summarise with quotes, edit code, with the source in
 # the prompt, where an answer copies its input and prompt lookup drafts for free.
+# The structured set: 24 chat prompts each with a JSON schema its answer follows (nested objects,
+# arrays with bounds, enums, numbers with ranges, optional fields, anyOf, string formats and
+# patterns), every string bounded so that a whole answer fits in the preset's max tokens.
 PROMPT_SETS = {
     "default": "prompts.jsonl",
     "quality": "quality.jsonl",
     "quality-large": "quality-large.jsonl",
     "grounded": "grounded.jsonl",
+    "structured": "structured.jsonl",
 }
 
 # `bench --preset NAME`: settings that go together; an option given on the command line wins.
@@ -61,7 +66,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "repeats": 4,
         "max_tokens": 128,
         "ar_temperatures": "1,0.8,0.6,0.4",
-    }
+    },
+    # structured: the schema set, with room for its longest answers (about 120 tokens)
+    "structured": {"prompts_file": "structured", "max_tokens": 160},
 }
 
 
@@ -74,9 +81,10 @@ def preset_settings(name: Optional[str], given: set[str]) -> dict[str, Any]:
 
 
 def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
-    """JSONL: one object per line with ``prompt`` (raw text) or ``messages`` (chat); optional ``id``.
-    ``path`` may also name a packaged set (``default``, ``quality``, ``quality-large``); None is
-    ``default``."""
+    """JSONL: one object per line with ``prompt`` (raw text) or ``messages`` (chat); optional ``id``
+    and ``schema`` (a JSON schema the answer follows, and is validated against).
+    ``path`` may also name a packaged set (``default``, ``quality``, ``quality-large``, ``grounded``,
+    ``structured``); None is ``default``."""
     name = "default" if path is None else str(path)
     if name in PROMPT_SETS and not Path(name).exists():
         text = resources.files("mtad_edge.data").joinpath(PROMPT_SETS[name]).read_text()
@@ -103,6 +111,8 @@ def load_prompts(path: Optional[str | os.PathLike] = None) -> list[dict]:
             isinstance(item.get("prompt"), str) or isinstance(item.get("messages"), list)
         ):
             raise MtadEdgeError(f"{where} line {n}: needs a 'prompt' string or a 'messages' list")
+        if "schema" in item and not isinstance(item["schema"], dict):
+            raise MtadEdgeError(f"{where} line {n}: the 'schema' must be a JSON schema object")
         if "messages" not in item:  # checked here, with its line, not when its turn to run comes
             if not item["prompt"]:
                 raise MtadEdgeError(f"{where} line {n}: the 'prompt' is empty")
@@ -142,9 +152,11 @@ def rendered_prompts(engine: Engine, prompts: list[dict[str, Any]], configs: Seq
             )
         for cfg in configs:
             try:
-                engine.generate(text, learned_costs=True, **cfg.as_options())
+                engine.generate(text, learned_costs=True, json_schema=item.get("schema"), **cfg.as_options())
             except ContextOverflowError as e:
                 raise ContextOverflowError(f"prompt {item['id']!r} cannot run {cfg.method}: {e}") from None
+            except MtadEdgeError as e:  # its schema is refused
+                raise MtadEdgeError(f"prompt {item['id']!r}: {e}") from None
         texts.append(text)
     return texts
 
@@ -169,7 +181,7 @@ def measure(
     # Seeds make variants sample alike; 'auto' plans as for an unseeded user, from learned costs.
     prompt = render(engine, item)
     traffic = engine.rpc_traffic
-    response = engine.generate(prompt, learned_costs=True, **cfg.as_options())
+    response = engine.generate(prompt, learned_costs=True, json_schema=item.get("schema"), **cfg.as_options())
     text = response.text()
     energy = meter.stop()
     traffic = traffic_since(traffic, engine.rpc_traffic)
@@ -209,6 +221,9 @@ def measure(
         "j_per_token": energy / n if energy is not None and n else None,
         "accept_lengths": st.accept_lengths,
         "finish_reason": st.finish_reason,
+        # with a schema: whether the answer parses and validates, and the masks' time
+        "valid": valid_json(text, item["schema"]) if "schema" in item else None,
+        "mask_s": st.mask_s if "schema" in item else None,
         "rpc": traffic,
         **{k: extra[k] for k in CONTROLLER_KEYS if extra.get(k) is not None},
         "drafters": {name: dict(counters) for name, counters in st.drafters.items()},
@@ -217,6 +232,39 @@ def measure(
         # On plain decoding's texts, what a lookup draft could keep at each position (bench/lookup.py).
         "lookup_kept": keepable(response.prompt_ids, tokens, cfg.max_gamma) if cfg.method == "ar" else None,
     }
+
+
+def validator() -> Any:
+    """jsonschema's module, for the structured set's validity column (the [bench] extra has it)."""
+    try:
+        import jsonschema
+    except ImportError:
+        raise MtadEdgeError(
+            "the validity of structured answers is checked with jsonschema: pip install 'mtad-edge[bench]'"
+        ) from None
+    return jsonschema
+
+
+def valid_json(text: str, schema: dict[str, Any]) -> bool:
+    """Whether ``text`` is JSON that validates against ``schema`` (string formats checked where
+    jsonschema has a checker for them: date, email, ipv4, uuid, ...). Numbers are read as the
+    decimals JSON writes, schema and answer alike: in binary floats 0.07 is no multiple of 0.01."""
+    jsonschema = validator()
+    try:
+        value = json.loads(text, parse_float=decimal.Decimal)
+    except (ValueError, RecursionError):
+        return False
+    exact = json.loads(json.dumps(schema), parse_float=decimal.Decimal)
+    base = jsonschema.validators.validator_for(exact)
+    integral = base.TYPE_CHECKER.redefine(  # JSON schema: 2.0 is an integer
+        "integer", lambda checker, x: base.TYPE_CHECKER.is_type(x, "integer") or _integral(x)
+    )
+    checker = jsonschema.validators.extend(base, type_checker=integral)
+    return bool(checker(exact, format_checker=jsonschema.FormatChecker()).is_valid(value))
+
+
+def _integral(x: Any) -> bool:
+    return isinstance(x, decimal.Decimal) and x.is_finite() and x == x.to_integral_value()
 
 
 # Stats of the adaptive-drafting controller (gamma/width "auto"): passed through when present.
@@ -403,7 +451,30 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
         out[label]["time_ms_per_token"] = time_split(out[label])
         out[label]["rpc"] = rpc_totals(mine)
         out[label]["drafters"] = drafters(mine)
+        out[label]["structured"] = structured(mine, out[label]["drafters"])
     return out
+
+
+def structured(rows: list[dict[str, Any]], by: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """Over the runs that had a schema: how many answers parse and validate, the share of tokens the
+    forced-span drafter drafted (its ``drafted`` over the tokens generated), the masks' share of
+    decoding time, and how the runs ended. None where no run had a schema."""
+    mine = [r for r in rows if r.get("valid") is not None]
+    if not mine:
+        return None
+    gen, decode = _total(mine, "generated"), _total(mine, "decode_s")
+    forced = sum((r.get("drafters") or {}).get("forced", {}).get("drafted", 0) for r in mine)
+    reasons: dict[str, int] = {}
+    for r in mine:
+        reasons[r["finish_reason"]] = reasons.get(r["finish_reason"], 0) + 1
+    return {
+        "runs": len(mine),
+        "valid": sum(bool(r["valid"]) for r in mine),
+        "validity": sum(bool(r["valid"]) for r in mine) / len(mine),
+        "forced_share": forced / gen if gen and by and "forced" in by else None,
+        "mask_share": sum(r["mask_s"] or 0.0 for r in mine) / decode if decode else None,
+        "finish_reasons": reasons,
+    }
 
 
 RATIO_KEYS = ("tokens_per_s", "ppl", "cpu_s_per_token", "j_per_token", "block_efficiency")

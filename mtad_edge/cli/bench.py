@@ -37,6 +37,7 @@ from mtad_edge.bench.run import (
     ratios,
     rendered_prompts,
     run_bench,
+    validator,
 )
 from mtad_edge.bench.variants import Variant, expand
 from mtad_edge.bench.variants import capacity as variant_capacity
@@ -123,8 +124,10 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     type=click.Path(dir_okay=False),
     help="JSONL with 'prompt' or 'messages' per line, or a built-in set: 'default' (chat, code, explanation, "
     "story), 'quality' (8 open-ended prompts, for the quality frontier), 'quality-large' (24 open-ended "
-    "chat prompts: advice, explanations, stories, descriptions, opinions, instructions) or 'grounded' (8 "
-    "rewrite, summarise and code-edit prompts with their source in the prompt, where prompt lookup pays).",
+    "chat prompts: advice, explanations, stories, descriptions, opinions, instructions), 'grounded' (8 "
+    "rewrite, summarise and code-edit prompts with their source in the prompt, where prompt lookup pays) or "
+    "'structured' (24 prompts, each answered under its JSON schema: validity, forced share; llama-server gets "
+    "the same json_schema). A line's optional 'schema' constrains its answer.",
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
@@ -139,7 +142,8 @@ def sweep_settings(base, thresholds, gammas, widths) -> list[dict]:
     "--preset",
     type=click.Choice(sorted(PRESETS)),
     help="Settings that go together; options given beside it win. quality: --prompts quality-large (24 "
-    "open-ended chat prompts) --repeats 4 --max-tokens 128 --ar-temperatures 1,0.8,0.6,0.4.",
+    "open-ended chat prompts) --repeats 4 --max-tokens 128 --ar-temperatures 1,0.8,0.6,0.4. structured: "
+    "--prompts structured --max-tokens 160.",
 )
 @click.option(
     "--out",
@@ -229,6 +233,8 @@ def bench(
     cfg = BenchConfig(variants=tuple(variants), repeats=repeats, decode=base)
     points = sweep_settings(base, _floats(sweep_thresholds), _ints(sweep_gammas), _ints(sweep_widths)) if sweep else []
     prompts = load_prompts(prompts_file)
+    if any("schema" in p for p in prompts):
+        validator()  # the validity column's library, before any loading
     judge_pair = judging.locate(judge_ref, _say) if judge_ref else None  # a bad --judge fails before any loading
     server_defaults = peer.check_binary(Path(llama_server)) if llama_server else {}  # so does a bad --llama-server
     threads = model.options.threads or default_threads()

@@ -30,8 +30,10 @@ from mtad_edge.signals import interrupts
 
 HELP = (
     "/reset clears the conversation, /stats shows the last answer's stats, /method NAME switches "
-    f"decoder ({', '.join(method_names())}), /help, /quit. Ctrl-C stops an answer, Ctrl-D quits."
+    f"decoder ({', '.join(method_names())}), /json toggles JSON mode (each answer a JSON object), /help, "
+    "/quit. Ctrl-C stops an answer, Ctrl-D quits."
 )
+JSON_MODE = {"type": "json_object"}  # /json: OpenAI's JSON mode
 
 
 def _info(msg: str) -> None:
@@ -53,6 +55,7 @@ class ChatSession:
         self.drop_oldest = drop_oldest
         self.turns: list[dict] = []
         self.last_stats = None
+        self.json_mode = False
 
     def command(self, line: str) -> bool:
         """Handle a /command; False means quit."""
@@ -76,6 +79,9 @@ class ChatSession:
                 _info(f"(no method {name!r}; still {self.method}; choose from {choices})")
             else:
                 _info(f"(method is {self.method}; choose from {choices})")
+        elif cmd == "/json":
+            self.json_mode = not self.json_mode
+            _info("(JSON mode: each answer is a JSON object)" if self.json_mode else "(JSON mode off)")
         elif cmd == "/help":
             _info(HELP)
         else:
@@ -86,7 +92,8 @@ class ChatSession:
         """Start the answer; drop the oldest turns if allowed and the context is full."""
         while True:
             try:
-                return self.engine.chat(self.system + self.turns, method=self.method)
+                fmt = JSON_MODE if self.json_mode else None
+                return self.engine.chat(self.system + self.turns, method=self.method, response_format=fmt)
             except ContextOverflowError as e:
                 if not self.drop_oldest or len(self.turns) <= 1:
                     earlier = len(self.turns) > 1  # else the line alone (with --system) overflows: no turn to drop

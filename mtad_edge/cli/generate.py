@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import click
@@ -21,7 +22,45 @@ from mtad_edge.cli.options import (
     write_out,
 )
 from mtad_edge.engine import CANCELLED, check_text
+from mtad_edge.runtime.errors import MtadEdgeError, json_problem
+from mtad_edge.runtime.text.constraint import Grammar
 from mtad_edge.signals import interrupts
+from mtad_edge.store import os_error
+
+
+def read_constraint(json_schema: Optional[str], grammar: Optional[str], regex: Optional[str]) -> Optional[Grammar]:
+    """The answer's grammar from --json-schema (a file, or the schema's text), --grammar (a file:
+    Lark where it ends .lark, else GBNF, or Lark where its text says so) or --regex; one at most.
+    Read before the model loads: a bad one is a one-line error at once."""
+    given = [f for f, v in (("--json-schema", json_schema), ("--grammar", grammar), ("--regex", regex)) if v]
+    if len(given) > 1:
+        raise click.UsageError(f"give one of {' and '.join(given)}")
+    if regex:
+        return Grammar.regex(regex)
+    if grammar:
+        text = _read(Path(grammar), "--grammar")
+        return Grammar.lark(text) if grammar.endswith(".lark") else Grammar.gbnf(text)
+    if json_schema:
+        inline = json_schema.lstrip().startswith("{")
+        text = json_schema if inline else _read(Path(json_schema), "--json-schema")
+        try:
+            schema = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            where = "the schema" if inline else json_schema
+            raise MtadEdgeError(f"--json-schema: {where} is not JSON ({json_problem(e)})") from None
+        if not isinstance(schema, dict):
+            raise MtadEdgeError("--json-schema: a JSON schema is an object ({...})")
+        return Grammar.json_schema(text, strict=False)
+    return None
+
+
+def _read(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise MtadEdgeError(f"{flag}: cannot read {path}: {os_error(e)}") from None
+    except UnicodeDecodeError:
+        raise MtadEdgeError(f"{flag}: {path} is not UTF-8 text") from None
 
 
 @click.command()
@@ -33,7 +72,20 @@ from mtad_edge.signals import interrupts
     "--chat", is_flag=True, help="Answer PROMPT as a chat message (the default where the model has a template)."
 )
 @click.option("--system", help="A system message before PROMPT.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, stats}.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {text, tokens, finish_reason, stats}.")
+@click.option(
+    "--json-schema",
+    metavar="FILE|JSON",
+    help="The answer follows this JSON schema: a file, or the schema itself ('{...}'). Keywords the grammar "
+    "engine does not implement are ignored, the rest enforced (docs/structured-output.md).",
+)
+@click.option(
+    "--grammar",
+    metavar="FILE",
+    help="The answer follows this grammar: llama.cpp GBNF, or Lark (llguidance's dialect) for a .lark file or "
+    "one that says 'start:' or '%llguidance'.",
+)
+@click.option("--regex", metavar="PATTERN", help="The answer matches this regular expression (Rust syntax).")
 @click.option(
     "--parse-special/--no-parse-special",
     default=True,
@@ -50,6 +102,9 @@ def generate(
     chat: bool,
     system: Optional[str],
     as_json: bool,
+    json_schema: Optional[str],
+    grammar: Optional[str],
+    regex: Optional[str],
     parse_special: bool,
     **decode: Any,
 ) -> None:
@@ -67,6 +122,7 @@ def generate(
     if system and raw:
         raise click.UsageError("--system needs a chat: leave out --raw")
     check_text(prompt, "prompt")  # before the load: a command line's undecodable bytes
+    constraint = read_constraint(json_schema, grammar, regex)
     interrupts.hold()  # a signal never cuts the load, the output or the freeing of the models...
     with model.engine(cfg, [cfg.method], given=given(decode)) as engine:
         if interrupts.code:  # ... a signal during the load ends the command once it is loaded
@@ -76,9 +132,9 @@ def generate(
             click.echo("note: the model has no chat template: continuing PROMPT as plain text", err=True)
         if as_chat:
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            response = engine.chat(msgs)
+            response = engine.chat(msgs, constraint=constraint)
         else:
-            response = engine.generate(prompt, parse_special=parse_special)
+            response = engine.generate(prompt, parse_special=parse_special, constraint=constraint)
         if response.stats.auto and not as_json:  # method auto: what it chose for this pair, in one line
             click.echo(f"method auto: {response.stats.auto}", err=True)
         try:
@@ -91,7 +147,12 @@ def generate(
         if interrupts.code:
             response.interrupted()  # what was generated is kept and reported
         if as_json:
-            out = {"text": response.text_so_far(), "tokens": response.tokens, "stats": response.stats.to_dict()}
+            out = {
+                "text": response.text_so_far(),
+                "tokens": response.tokens,
+                "finish_reason": response.finish_reason,
+                "stats": response.stats.to_dict(),
+            }
             write_out(json.dumps(out) + "\n")
         else:
             write_out("\n")

@@ -318,7 +318,7 @@ def create_app(
 
     def _build(req: P.Parsed) -> Response:
         """The request's Response (renders the chat template, tokenizes the prompt: in a worker)."""
-        extra = dict(stop=req.stop, logprobs=req.logprobs, **req.options)
+        extra = dict(stop=req.stop, logprobs=req.logprobs, **req.options, **(req.structured or {}))
         if req.messages is not None:
             return engine.chat(req.messages, **extra)
         return engine.generate(req.prompt or "", parse_special=req.parse_special, **extra)
@@ -359,7 +359,11 @@ def create_app(
                 response.watch_blocks()
             try:
                 for piece in response:
-                    put(("text", (piece, response.take_blocks() if req.blocks else None)))
+                    # with tools: the answer as content and tool calls, as far as they are known
+                    said: Any = response.take_tool_deltas() if response.reads_calls else piece
+                    put(("text", (said, response.take_blocks() if req.blocks else None)))
+                if response.reads_calls and (rest := response.take_tool_deltas()):
+                    put(("text", (rest, None)))
                 put(("end", response.take_blocks() if req.blocks else None))
             except Exception as e:  # reported to the client as a final error event
                 put(("error", str(e)))
@@ -418,6 +422,7 @@ def create_app(
             len(response.tokens),
             response.stats.to_dict(),
             logprobs,
+            response.tool_calls,
         )
 
     async def _events(
@@ -425,8 +430,11 @@ def create_app(
     ) -> AsyncIterator[str]:
         created = int(time.time())
 
-        def event(text: Optional[str], reason: Optional[str], role: bool = False, records: Any = None) -> dict:
-            obj = P.chunk(kind, rid, model_name, created, text, reason, role=role)
+        def event(text: Any, reason: Optional[str], role: bool = False, records: Any = None) -> dict:
+            calls = None
+            if isinstance(text, list):  # a response that may make tool calls: its CallStream events
+                text, calls = P.call_deltas(text)
+            obj = P.chunk(kind, rid, model_name, created, text, reason, role=role, calls=calls)
             if include_usage:  # OpenAI: a null usage on every chunk but the last
                 obj["usage"] = None
             if blocks:  # asked for: how the chunk's tokens came (BlockMeter.record)
@@ -439,7 +447,8 @@ def create_app(
             what, value = await queue.get()
             if what == "text":
                 text, records = value
-                yield _sse(event(text, None, records=records))
+                if text or records or not response.reads_calls:
+                    yield _sse(event(text, None, records=records))
                 continue
             if what == "error":
                 yield _sse(P.BadRequest(value, kind="server_error").body())

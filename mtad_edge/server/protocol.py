@@ -43,6 +43,12 @@ HANDLED = {
     "chat": {"model", "messages", "stream", "stream_options", "n", "stop", "logprobs", "top_logprobs", "mtad_blocks"},
     "text": {"model", "prompt", "stream", "stream_options", "n", "stop", "logprobs", "parse_special", "mtad_blocks"},
 }
+# Structured output (runtime/text/structured.py), passed to the engine as they come: it checks them,
+# and compiles the grammar in the request's worker.
+FORMATS = ("response_format", "json_schema", "grammar")  # OpenAI's, and llama-server's two
+TOOLS = ("tools", "tool_choice", "parallel_tool_calls")  # chat only
+HANDLED["chat"] |= {*FORMATS, *TOOLS}
+HANDLED["text"] |= set(FORMATS)
 # OpenAI fields that do not change the answer (bookkeeping for the caller): accepted, unused.
 IGNORED = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
 # OpenAI features this server does not implement, with the values that mean "not used" (what
@@ -51,7 +57,6 @@ IGNORED = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "saf
 # request argument"), so nothing a client asks for is silently ignored.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
-    "response_format": ({"type": "text"},),
     "tools": ([],),
     "tool_choice": ("none", "auto"),
     "functions": ([],),
@@ -69,7 +74,10 @@ TOP_LOGPROBS_MAX = {"chat": 20, "text": 5}  # OpenAI's bounds
 STREAM_OPTIONS: dict[str, tuple[bool, ...]] = {"include_usage": (True, False), "include_obfuscation": (False,)}
 # Message fields besides role and content, with the values that mean "not used" (an assistant
 # message as some servers return it); any other field, or value, is a 400 naming it.
-MESSAGE_NEUTRAL: dict[str, tuple[Any, ...]] = {"tool_calls": ([],)}
+MESSAGE_NEUTRAL: dict[str, tuple[Any, ...]] = {"tool_calls": ([],), "refusal": (None,)}
+# What each role's message may carry besides role and content: an assistant's tool calls, a tool
+# result's call id (and a name, as older clients send it).
+MESSAGE_FIELDS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name")}
 
 
 @dataclass
@@ -84,7 +92,8 @@ class Parsed:
     blocks: bool = False  # each streamed chunk carries "mtad_blocks": how its tokens came (the chat page asks)
     prompt: Optional[str] = None  # text completions
     parse_special: bool = True  # text completions: special tokens written in the prompt become control tokens
-    messages: Optional[list[dict[str, str]]] = None  # chat
+    messages: Optional[list[dict[str, Any]]] = None  # chat
+    structured: Optional[dict[str, Any]] = None  # FORMATS and TOOLS as given (the engine checks them)
 
 
 def parse(body: dict[str, Any], kind: str, model_name: Optional[str]) -> Parsed:
@@ -128,6 +137,7 @@ def parse(body: dict[str, Any], kind: str, model_name: Optional[str]) -> Parsed:
     opts = {name: body[key] for key, name in REQUEST_FIELDS.items() if body.get(key) is not None}
     stop = body.get("stop")  # null is "not given"; 0 or false is a bad value (it was read as no stop strings)
     parsed = Parsed(opts, () if stop is None else stop, stream, logprobs, include_usage, blocks)
+    parsed.structured = {k: body[k] for k in (*FORMATS, *TOOLS) if k in HANDLED[kind] and body.get(k) is not None}
     if kind == "chat":
         parsed.messages = chat_messages(body)
     else:
@@ -212,23 +222,37 @@ def _logprobs(body: dict[str, Any], kind: str) -> Optional[int]:
     return (top or 0) if wanted else None
 
 
-def chat_messages(body: dict) -> list[dict[str, str]]:
+def chat_messages(body: dict) -> list[dict[str, Any]]:
+    """The conversation: role and content (text, or text parts joined), an assistant's tool calls
+    (its content may then be null) and a tool result's call id, each checked for its shape (the
+    engine checks the calls' arguments)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise BadRequest("each message needs a role of system, user or assistant", "messages")
-        # The template reads role and content only: a name or tool calls would be lost without a word.
-        unread = [k for k, v in m.items() if k not in ("role", "content") and not _unused(v, MESSAGE_NEUTRAL.get(k))]
+            raise BadRequest("each message needs a role of system, user, assistant or tool", "messages")
+        role = m["role"]
+        # The template reads these fields only: a name or a field of another role would be lost without a word.
+        read = ("role", "content", *MESSAGE_FIELDS.get(role, ()))
+        unread = [k for k, v in m.items() if k not in read and not _unused(v, MESSAGE_NEUTRAL.get(k))]
         if unread:
             name = quoted(unread[0], bare=True)
             raise BadRequest(
-                f"messages[{i}] has a field '{name}' this server does not support (it reads 'role' and 'content')",
+                f"messages[{i}] has a field '{name}' this server does not support for a {role} message"
+                f" (it reads {', '.join(repr(k) for k in read)})",
                 f"messages[{i}].{name}",
             )
+        msg: dict[str, Any] = {"role": role}
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls:
+            msg["tool_calls"] = _tool_calls(calls, i)
         content = m.get("content")
+        if content is None and calls:
+            msg["content"] = None
+            out.append(msg)
+            continue
         if isinstance(content, list):  # [{"type": "text", "text": ...}] parts
             if not content:
                 raise BadRequest(f"messages[{i}].content is an empty list: give a string or text parts", "messages")
@@ -239,7 +263,40 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest("message content must be a string", "messages")
-        out.append({"role": m["role"], "content": content})
+        msg["content"] = content
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise BadRequest(
+                    f"messages[{i}] (a tool result) needs its 'tool_call_id'", f"messages[{i}].tool_call_id"
+                )
+            msg["tool_call_id"] = call_id
+        out.append(msg)
+    return out
+
+
+def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's tool calls, in OpenAI's shape."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise BadRequest(f"{where} must be a list", where)
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if (
+            not isinstance(f, dict)
+            or c.get("type", "function") != "function"
+            or not isinstance(f.get("name"), str)
+            or not isinstance(f.get("arguments"), str)
+        ):
+            raise BadRequest(
+                f"{where}[{j}] must be "
+                '{"id": ..., "type": "function", "function": {"name": ..., "arguments": "..."}}',
+                where,
+            )
+        out.append(
+            {"id": c.get("id"), "type": "function", "function": {"name": f["name"], "arguments": f["arguments"]}}
+        )
     return out
 
 
@@ -252,10 +309,19 @@ def completion_prompt(body: dict) -> str:
     return prompt
 
 
+# The engine's finish reasons OpenAI's client reads as an answer cut short: a constrained answer that
+# reached a dead end or was cut by a stop string is never "stop" (then it would be taken as whole);
+# mtad_stats.finish_reason says which.
+CUT_SHORT = ("length", "context", "dead_end", "cut")
+
+
 def finish_reason(reason: Optional[str]) -> str:
-    """OpenAI's finish_reason for ours: "length" where the answer hit max_tokens or the context,
-    else "stop" (mtad_stats.finish_reason keeps ours: stop, length, context, cancelled)."""
-    return "length" if reason in ("length", "context") else "stop"
+    """OpenAI's finish_reason for ours: "tool_calls" where the answer is tool calls, "length" where it
+    was cut short (max_tokens, the context, a constrained answer's dead end or stop-string cut), else
+    "stop" (mtad_stats.finish_reason keeps ours: stop, length, context, dead_end, cut, cancelled)."""
+    if reason == "tool_calls":
+        return reason
+    return "length" if reason in CUT_SHORT else "stop"
 
 
 def new_id(prefix: str) -> str:
@@ -271,17 +337,44 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def chunk(
-    kind: str, rid: str, model: str, created: int, text: Optional[str], reason: Optional[str], role: bool = False
+    kind: str,
+    rid: str,
+    model: str,
+    created: int,
+    text: Optional[str],
+    reason: Optional[str],
+    role: bool = False,
+    calls: Optional[list[dict[str, Any]]] = None,
 ) -> dict:
-    """One streamed SSE event body."""
+    """One streamed SSE event body; ``calls``: tool call deltas (``call_deltas``)."""
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text:
             delta["content"] = text
+        if calls:
+            delta["tool_calls"] = calls
         choice = {"index": 0, "delta": delta, "finish_reason": reason}
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
     choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+
+
+def call_deltas(events: list[Any]) -> tuple[str, list[dict[str, Any]]]:
+    """structured.CallStream's events as one chunk's content and OpenAI's tool call deltas: a
+    call's first delta names it (index, id, type, name, arguments ""), the next ones carry its
+    arguments' text."""
+    text, calls = "", []
+    for e in events:
+        if e[0] == "content":
+            text += e[1]
+        elif e[0] == "call":
+            _, index, cid, name = e
+            calls.append({"index": index, "id": cid, "type": "function", "function": {"name": name, "arguments": ""}})
+        elif calls and calls[-1]["index"] == e[1]:
+            calls[-1]["function"]["arguments"] += e[2]  # one delta per call and chunk
+        else:
+            calls.append({"index": e[1], "function": {"arguments": e[2]}})
+    return text, calls
 
 
 def usage_chunk(kind: str, rid: str, model: str, created: int, usage: dict, stats: dict) -> dict:
@@ -300,15 +393,15 @@ def full(
     tokens: int,
     stats: dict,
     logprobs: Optional[dict] = None,
+    tool_calls: Optional[list[dict[str, Any]]] = None,
 ) -> dict:
+    """A whole answer; ``tool_calls``: the calls it made (its content is then null)."""
     created = int(time.time())
     if kind == "chat":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": reason,
-            "logprobs": logprobs,
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": None if tool_calls else text}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": logprobs}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}

@@ -439,6 +439,11 @@ class LlamaCppBackend:
             add_eos=bool(lib.llama_vocab_get_add_eos(vocab)),
         )
 
+    def chat_template_text(self) -> Optional[str]:
+        """The GGUF's own chat template (jinja text), or None where it has none."""
+        raw = self._lib.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
     def apply_chat_template(
         self, messages: list[dict[str, str]], template: Optional[str] = None, add_assistant: bool = True
     ) -> str:

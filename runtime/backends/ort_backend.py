@@ -215,6 +215,14 @@ class OrtBackend:
             text=lambda i: (self._tok.id_to_token(i) or "").encode("utf-8"),
         )
 
+    def chat_template_text(self) -> Optional[str]:
+        """The model folder's chat template (tokenizer_config.json's, or chat_template.jinja)."""
+        tmpl = self._tcfg.get("chat_template")
+        d = self.path.parent
+        if not tmpl and (d / "chat_template.jinja").is_file():
+            tmpl = (d / "chat_template.jinja").read_text()
+        return tmpl if isinstance(tmpl, str) and tmpl else None
+
     def apply_chat_template(
         self, messages: list[dict[str, str]], template: Optional[str] = None, add_assistant: bool = True
     ) -> str:
@@ -224,12 +232,12 @@ class OrtBackend:
             tmpl = (d / "chat_template.jinja").read_text()
         if not tmpl:
             raise ModelLoadError(f"{d} has no chat template")
-        tok = {
+        tok: dict[str, str] = {
             k: (v if isinstance(v, str) else v.get("content"))
             for k, v in self._tcfg.items()
             if k in ("bos_token", "eos_token") and v
         }
-        return render(tmpl, messages, add_assistant, **tok)
+        return render(tmpl, messages, add_assistant, None, **tok)
 
     # -- evaluation -------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> np.ndarray:

@@ -7,6 +7,8 @@ written here in jinja so both backends render the same prompt text.
 
 from __future__ import annotations
 
+import datetime
+import json
 import re
 import secrets
 from collections.abc import Callable
@@ -18,7 +20,7 @@ Segment = tuple[str, bool]  # text, and whether special tokens written in it are
 
 # A template's `*` may repeat a string or list into at most this many items: real templates
 # repeat a few spaces, and a template that asks for gigabytes is not one (a model file is untrusted).
-ROLES = ("system", "user", "assistant")  # the roles a message may have (the templates know no others)
+ROLES = ("system", "user", "assistant", "tool")  # the roles a message may have (a tool turn answers a call)
 REPEAT_MAX = 1 << 20
 POWER_MAX = 64  # `**` exponents a template may use: big-integer powers only burn CPU
 
@@ -40,9 +42,16 @@ BUILTIN = {
 }
 
 
-def render(template: str, messages: list[dict[str, str]], add_assistant: bool = True, **special: str) -> str:
+def render(
+    template: str,
+    messages: list[dict[str, Any]],
+    add_assistant: bool = True,
+    tools: Optional[list[dict[str, Any]]] = None,
+    **special: str,
+) -> str:
     """Render ``messages`` with jinja ``template`` text or a BUILTIN name; ``special`` gives
-    bos_token/eos_token for templates that print them.
+    bos_token/eos_token for templates that print them; ``tools``: OpenAI's function list, for a
+    template that takes them (None: the template sees no tools).
 
     A template comes from a model folder or a manifest, so it is untrusted: it renders in jinja2's
     immutable sandbox (as llama-cpp-python does since CVE-2024-34359), where reaching for Python
@@ -58,7 +67,9 @@ def render(template: str, messages: list[dict[str, str]], add_assistant: bool = 
         raise ModelLoadError(f"unknown built-in chat template {quoted(template)} (known here: {', '.join(BUILTIN)})")
     env = _sandbox()
     try:
-        text: str = env.from_string(template).render(messages=messages, add_generation_prompt=add_assistant, **special)
+        text: str = env.from_string(template).render(
+            messages=messages, add_generation_prompt=add_assistant, tools=tools, **special
+        )
         return text
     except SecurityError as e:
         raise ModelLoadError(f"chat template refused: it tries something unsafe ({_line(e)}); not rendered") from None
@@ -88,7 +99,29 @@ def _sandbox() -> Any:
                 raise SecurityError(f"exponent {right} is over {POWER_MAX}")
             return super().call_binop(context, operator, left, right)
 
-    return Sandbox(trim_blocks=True, lstrip_blocks=True)
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True)
+    # What Hugging Face's templates call beside jinja's own (transformers' chat template utils):
+    # tojson without HTML escaping, raise_exception, strftime_now.
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(str(fmt))
+    return env
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: Optional[int] = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise(message: Any) -> None:
+    import jinja2
+
+    raise jinja2.TemplateError(str(message))
 
 
 # Around a placeholder, the characters a template's trim() drops (llama.cpp's trim: C's isspace).
@@ -97,7 +130,7 @@ _MARK = "\ue000{nonce}{i}\ue001"  # private-use characters: in no template's mar
 _MARKS = "\ue000{nonce}(\\d+)\ue001"
 
 
-def segments(render: Callable[[list[dict[str, str]]], str], messages: list[dict[str, str]]) -> Optional[list[Segment]]:
+def segments(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]]) -> Optional[list[Segment]]:
     """``messages`` rendered by ``render`` as segments of the template's markup (special tokens
     written in it become control tokens) and of the messages' text (they stay text), so a user's
     ``<|im_end|>`` cannot close their turn and open a system one.
@@ -105,12 +138,17 @@ def segments(render: Callable[[list[dict[str, str]]], str], messages: list[dict[
     Each content is rendered as a placeholder (its leading and trailing whitespace kept around it,
     so a template that trims the content trims it alike), then the placeholders are replaced by
     the contents. None where the result is not the text ``render`` gives for the real messages (a
-    template that transforms a content otherwise than trimming it)."""
+    template that transforms a content otherwise than trimming it). A content of whitespace only is
+    left as it is (a template may test a content for being empty: an assistant's tool calls)."""
     nonce = secrets.token_hex(8)
     cores, shown = [], []
     for i, m in enumerate(messages):
         content = m["content"]
         core = content.strip(_SPACE)
+        if not core:
+            cores.append("")
+            shown.append(m)
+            continue
         lead = content[: len(content) - len(content.lstrip(_SPACE))]
         trail = content[len(lead) + len(core) :]
         cores.append(core)

@@ -75,6 +75,8 @@ class Grammar:
     kind: Kind
     text: str
     strict: bool = True
+    # What messages call it ("the tools' grammar"; default "the KIND grammar"): not part of its identity.
+    about: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -85,9 +87,12 @@ class Grammar:
             raise OptionError(f"strict must be True or False, got {quoted(self.strict)}", "grammar")
         size = len(self.text.encode("utf-8", "surrogatepass"))
         if size > MAX_GRAMMAR_BYTES:
-            raise OptionError(
-                f"the {self.kind} grammar is {size} bytes long, more than the {MAX_GRAMMAR_BYTES} allowed", "grammar"
-            )
+            raise OptionError(f"{self.what} is {size} bytes long, more than the {MAX_GRAMMAR_BYTES} allowed", "grammar")
+
+    @property
+    def what(self) -> str:
+        """The grammar as one-line messages name it."""
+        return self.about or f"the {self.kind} grammar"
 
     @classmethod
     def json_schema(cls, schema: Union[str, Mapping[str, Any]], strict: bool = True) -> Grammar:
@@ -282,6 +287,13 @@ class Compiled:
         (the prompt), so that a drafter can tell its path from a context (``Matcher.path``)."""
         return Matcher(self, at)
 
+    def complete(self, text: str) -> bool:
+        """Whether ``text`` is a whole answer of the grammar (what a stop string left of one):
+        its bytes as the model's tokens, consumed from the start, end where the grammar may."""
+        m = self.template.deep_copy()
+        ids = self.vocab.tokenizer.tokenize_str(text)
+        return m.try_consume_tokens(ids) == len(ids) and not m.is_error() and m.is_accepting()
+
 
 _SLOTS = threading.BoundedSemaphore(COMPILERS)
 T = TypeVar("T")
@@ -299,7 +311,7 @@ def compile(grammar: Grammar, backend: Backend) -> Compiled:
             vocab.compiled.move_to_end(key)
     if found is None:
         try:
-            found = _bounded(lambda: _compile(grammar, vocab), f"the {grammar.kind} grammar")
+            found = _bounded(lambda: _compile(grammar, vocab), grammar.what)
         except OptionError as e:
             found = str(e)
         with vocab.lock:
@@ -312,7 +324,7 @@ def compile(grammar: Grammar, backend: Backend) -> Compiled:
 
 
 def _compile(grammar: Grammar, vocab: Vocab) -> Compiled:
-    what = f"the {grammar.kind} grammar"
+    what = grammar.what
     try:
         source = grammar.source()
     except RecursionError:
