@@ -353,15 +353,16 @@ def test_a_lone_surrogate_in_stop_is_refused_as_in_content():
 
 
 def test_the_apis_chat_takes_the_roles_the_server_takes():
-    """Row 18: Engine.chat took roles 'tool' and 'bogus', which the server refuses."""
+    """Row 18: Engine.chat took role 'bogus', which the server refuses (both take a tool turn now)."""
     from helpers import fake_engine
     from mtad_edge.runtime.errors import OptionError
 
     engine = fake_engine(method="ar")
-    for role in ("tool", "bogus", "User"):
-        with pytest.raises(OptionError, match=f"role must be system, user or assistant, got '{role}'"):
+    for role in ("bogus", "User"):
+        with pytest.raises(OptionError, match=f"role must be system, user, assistant or tool, got '{role}'"):
             engine.chat([{"role": role, "content": "hi"}], max_tokens=2)
-    assert engine.chat([{"role": "user", "content": "hi"}], max_tokens=2, seed=0).text() is not None
+    for role in ("user", "tool"):
+        assert engine.chat([{"role": role, "content": "hi"}], max_tokens=2, seed=0).text() is not None
 
 
 @pytest.mark.parametrize(
