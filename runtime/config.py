@@ -38,6 +38,7 @@ DECODE_FIELDS = (
     "repeat_bar",
     "accept_threshold",
     "draft_ahead",
+    "aux_shape",
     "seed",
 )
 
@@ -80,6 +81,7 @@ class DecodeConfig:
     repeat_bar: float = default("repeat_bar")  # MTAD's bar for blocks that repeat a 4-gram (1: off)
     accept_threshold: float = default("accept_threshold")
     draft_ahead: str = default("draft_ahead")  # "on": the next draft made while the target verifies
+    aux_shape: str = default("aux_shape")  # "fixed": every aux call of one shape (CUDA graphs); auto | free
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: Optional[int] = default("seed")
 

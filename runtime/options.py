@@ -299,6 +299,17 @@ OPTIONS: dict[str, Option] = {
             choices=lambda: ("off", "on"),
         ),
         Option(
+            "aux_shape",
+            "choice",
+            AUTO,
+            "Aux calls of one shape: 'fixed' makes every drafting call of the aux evaluate the same rows "
+            "(max(beam width, 2), filler rows padding the pending tokens and short depths), so llama.cpp "
+            "keeps its CUDA graph, captured after two calls of one shape and dropped at any change; 'free' "
+            "evaluates what each call needs; 'auto': fixed where the aux runs on a GPU with CUDA graphs, "
+            "free elsewhere (on a CPU filler rows cost what real ones do). The texts are the same.",
+            choices=lambda: (AUTO, "fixed", "free"),
+        ),
+        Option(
             "accept_threshold",
             "float",
             0.5,

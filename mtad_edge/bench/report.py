@@ -90,6 +90,7 @@ def report_markdown(results: dict, chart: bool = False) -> str:
     lines += _rpc_table(methods, results.get("rpc"))
     lines += _drafters_table(methods)
     lines += _structured_table(methods, results.get("llama_server"))
+    lines += _aux_calls_table(methods)
     lines += _lookup_line(results.get("lookup_ceiling"))
     native = results.get("native")
     if native:
@@ -533,6 +534,21 @@ def _structured_table(methods: dict, peer: Optional[dict]) -> list[str]:
             f"| {label} | {st['valid']} of {st['runs']} ({st['validity']:.0%}) | {_fmt(st.get('forced_share'), '.1%')} "
             f"| {_fmt(st.get('mask_share'), '.1%')} | {ends or '–'} |"
         )
+    return lines
+
+
+def _aux_calls_table(methods: dict) -> list[str]:
+    """The aux's calls per drafting step and their shapes (rows -> calls): where one shape held,
+    llama.cpp's CUDA graphs could too (each change of shape is a warm-up of two ungraphed calls)."""
+    aux = {m: a["drafters"]["aux"] for m, a in methods.items() if (a.get("drafters") or {}).get("aux", {}).get("calls")}
+    if not aux:
+        return []
+    lines = ["", "Aux calls (all of them, its prefills too; a change: a call of other rows than the one before):", ""]
+    lines += ["| variant | calls per drafting step | rows: calls | changes of shape per step |", "|---|---|---|---|"]
+    for m, d in aux.items():
+        steps = max(d.get("steps", 0), 1)
+        shapes = ", ".join(f"{k}: {v}" for k, v in (d.get("shapes") or {}).items())
+        lines.append(f"| {m} | {d['calls'] / steps:.2f} | {shapes} | {d.get('shape_changes', 0) / steps:.2f} |")
     return lines
 
 

@@ -535,7 +535,8 @@ def projection(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Option
 
 def drafters(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """Per drafter over the runs (``Stats.drafters``): its counters summed (drafted, accepted,
-    steps, and its own: the aux's ahead_* and vocab_resyncs), a share weighted by the tokens each
+    steps, and its own: the aux's ahead_*, vocab_resyncs and calls), histograms merged (the aux's
+    shapes), a share weighted by the tokens each
     run generated (the aux's vocab_mapped_share across vocabularies), and its acceptance. None
     where nothing drafted (ar, beam)."""
     names = dict.fromkeys(name for r in rows for name in r.get("drafters", {}))
@@ -545,7 +546,13 @@ def drafters(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
         agg: dict[str, Any] = {}
         for key in dict.fromkeys(k for counters, _ in runs for k in counters):
             seen = [(c[key], n) for c, n in runs if c.get(key) is not None]
-            if all(isinstance(v, int) for v, _ in seen):
+            if seen and all(isinstance(v, dict) for v, _ in seen):  # a histogram (the aux's shapes: rows -> calls)
+                merged: dict[int, int] = {}
+                for v, _ in seen:
+                    for k, c in v.items():
+                        merged[int(k)] = merged.get(int(k), 0) + c
+                agg[key] = dict(sorted(merged.items()))
+            elif all(isinstance(v, int) for v, _ in seen):
                 agg[key] = sum(v for v, _ in seen)
             else:
                 agg[key] = sum(v * n for v, n in seen) / max(sum(n for _, n in seen), 1)

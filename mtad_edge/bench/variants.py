@@ -35,6 +35,7 @@ SHORT = {
     "no_repeat": "nr",
     "repeat_bar": "rb",
     "draft_ahead": "ahead",
+    "aux_shape": "shape",
 }
 LONG = {v: k for k, v in SHORT.items()}
 

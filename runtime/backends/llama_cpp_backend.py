@@ -219,6 +219,13 @@ class _BatchBuffer:
             self._lib.llama_batch_free(batch)
 
 
+def cuda_graphs(llama_cpp: Any) -> bool:
+    """Whether this llama.cpp build replays CUDA graphs (its CUDA backend's USE_GRAPHS feature, not
+    turned off by GGML_CUDA_DISABLE_GRAPHS): a graph is captured after two calls of one shape."""
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return "USE_GRAPHS = 1" in info and os.environ.get("GGML_CUDA_DISABLE_GRAPHS") is None
+
+
 class LlamaCppBackend:
     """One GGUF model, one llama_context with ``n_seq_max`` sequences in a unified KV cache."""
 
@@ -249,6 +256,8 @@ class LlamaCppBackend:
         self.amx = 0  # matrix kinds llama.cpp multiplies with AMX, where this build's AMX runs
         amx = uses_amx()
         cpu_alone = config.n_gpu_layers == 0 or not (self._rpc is not None or gpu_offload())
+        # its calls replay CUDA graphs where a layer is offloaded by a build with them (aux_shape 'auto')
+        self.graphs = not cpu_alone and cuda_graphs(llama_cpp)
         tiles = False
         self.one_row = False  # every call made one row at a time (AMX's one-row kernel, not its tiles)
         if amx and cpu_alone:

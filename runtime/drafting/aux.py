@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Optional
 
+from ..backend import Backend
 from ..errors import OptionError
 from .ahead import Behind, DraftingAhead
 from .base import AUTO, AUTO_WIDTH_MAX, Draft, Drafter, Kept, Offer, Run, learn_step
@@ -21,6 +22,17 @@ from .cross import CrossVocab
 AUX_IDLE_PLANS = 8
 
 
+def aux_rows(shape: str, aux: Backend, width: int) -> int:
+    """The rows of every aux call for aux_shape ``shape`` and beams up to ``width`` (0: free):
+    'fixed' pads each call to max(width, 2) rows (a depth's beams, and the two tokens pending after
+    a draft kept whole); 'auto' is 'fixed' where the aux's calls run as CUDA graphs (llama.cpp's,
+    ``graphs``: keeping one shape keeps its graph) and 'free' elsewhere (on a CPU a filler row
+    costs what a real one does, and nothing is replayed)."""
+    if shape == AUTO:
+        shape = "fixed" if getattr(aux, "graphs", False) else "free"
+    return max(width, 2) if shape == "fixed" else 0
+
+
 class AuxDrafter(Drafter):
     name = "aux"
 
@@ -32,8 +44,18 @@ class AuxDrafter(Drafter):
         self.ctrl = self._controller()
         self.adaptive = isinstance(self.ctrl, Controller)
         cross = CrossVocab(run.vocab, run.target, run.aux) if run.vocab is not None else None
+        self.rows = aux_rows(cfg.aux_shape, run.aux, self.width)
         self.beams = BeamDrafter(
-            run.aux, cfg.sampling, run.rng(0), self.width, run.clock, cross, cfg.no_repeat, run.shape
+            run.aux,
+            cfg.sampling,
+            run.rng(0),
+            self.width,
+            run.clock,
+            cross,
+            cfg.no_repeat,
+            run.shape,
+            self.rows,
+            self.counters,
         )
         self.synced = 0  # committed tokens when it last drafted (or was fed the prompt)
         self.continues = cross is None  # it drafts after a span in its own first call (the target's tokens)
@@ -150,6 +172,7 @@ class AuxDrafter(Drafter):
     def room(self, cells: int) -> Optional[tuple[int, str]]:
         aux = self.run.aux
         assert aux is not None
+        cells += self.rows  # calls of one shape: a call's filler rows
         return aux.n_ctx - cells, f"the aux's {aux.n_ctx} cells less {cells} for the draft's beams"
 
     def clear(self) -> None:

@@ -168,6 +168,9 @@ class Request(Protocol):
     def draft_ahead(self) -> str: ...
 
     @property
+    def aux_shape(self) -> str: ...
+
+    @property
     def accept_threshold(self) -> float: ...
 
     @property

@@ -12,6 +12,15 @@ KV layout in the model's context: sequence 0 holds committed tokens (all but the
 two, which are "pending" and fed at the next propose). Beams live in sequences 1..w and
 w+1..2w, used alternately: a new beam is a fresh copy of its parent's sequence plus one token.
 With a unified KV cache a copy only tags cells with another seq id.
+
+Calls of one shape (``rows``, the aux_shape option): llama.cpp's CUDA graphs are captured only
+after two calls of one shape and dropped at any change, and drafting changes shape twice a step
+(the pending tokens, then a row per beam). With ``rows`` = R every call evaluates R rows, each
+asking for logits, in R distinct sequences: the real rows first, then filler rows (a token at
+position 0 of an empty spare sequence, its logits unread); pending tokens of sequence 0 are also
+tagged with spare copies of it, one fewer than they are, so they too count R sequences. Spare
+sequences are the beams' 1..2W not in use, emptied before each call. A catch-up longer than R is
+fed R rows a call (past ``SPLIT_MAX`` calls, all but its last R in one call, as a prefill).
 """
 
 from __future__ import annotations
@@ -20,16 +29,18 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from ..backend import Backend, Batch, common_prefix, feed
+from ..backend import Backend, Batch, common_prefix
 from ..rules.repeats import Seen, ban
 from ..rules.sampling import Filter, KeptRows, RankAt1, filtered_logprobs, kept_logprobs, sample_without_replacement
 from ..rules.shape import Shape
 from .base import Draft
 from .cross import CrossVocab
+
+SPLIT_MAX = 4  # a catch-up of more than this many calls of R rows feeds its bulk in one call
 
 # Asked after each drafting depth d (1-based) with the best beam's cumulative log q: draft on?
 KeepGoing = Callable[[int, float], bool]
@@ -116,7 +127,16 @@ class BeamDrafter:
         cross: Optional[CrossVocab] = None,
         no_repeat: int = 0,
         shape: Shape = Shape(),
+        rows: int = 0,
+        counters: Optional[dict[str, Any]] = None,
     ):
+        """``rows``: every call evaluates this many rows (0: what it needs), at most 2 x max_width;
+        ``counters``: the dict its calls are counted in (``calls``, ``shapes``: rows -> calls,
+        ``shape_changes``: calls whose rows differ from the call before, each a graph warm-up)."""
+        if not 0 <= rows <= 2 * max_width:
+            raise ValueError(
+                f"calls of {rows} rows need more than the {2 * max_width} spare sequences of width {max_width}"
+            )
         if model.n_seq_max < beam_slots(max_width):
             raise ValueError(
                 f"the draft context has {model.n_seq_max} sequences, beam width {max_width} "
@@ -138,6 +158,10 @@ class BeamDrafter:
         # Penalties and a grammar's mask, each beam's row by its own path (a grammar's in the target's
         # vocabulary only: an aux of another drafts unmasked, and the verify rejects what it forbids).
         self.shape = shape if cross is None else Shape(shape.penalties)
+        self.rows = rows
+        self.counters: dict[str, Any] = counters if counters is not None else {}
+        self.counters.update(calls=0, shapes={}, shape_changes=0)
+        self._last_rows = 0  # rows of the last call made
 
     def start(self, tokens: list[int], prefill: bool = True) -> int:
         """A run begins on committed ``tokens``: the aux context (the same list when the vocabulary
@@ -149,7 +173,8 @@ class BeamDrafter:
         self._drop_beams(model.n_seq_max)
         model.rollback(0, common_prefix(model.held(0), self.ctx[:-1]))
         if prefill:
-            feed(model, self.ctx[:-1], logits="none")
+            n = len(model.held(0))
+            self._decode(Batch.run(self.ctx[n:-1], n, logits="none"))
         return len(self.ctx) - 1 - len(model.held(0))
 
     @property
@@ -208,7 +233,7 @@ class BeamDrafter:
         base, cached, n = self._base, self._cached, len(last.tokens)
         self.commit(n)  # as if every drafted token were kept: the aux holds x_1..x_{n-1}
         kept = [*tokens, *(int(t) for t in last.tokens)]
-        row = feed(self.model, kept)[-1:]  # x_n fed alone, for the aux's row after it
+        row = self._feed(kept)  # x_n fed alone, for the aux's row after it
         if self.shape.active:
             row = self.shape.rows(row, kept, [()])
         guess = int(np.argmax(row))
@@ -230,7 +255,7 @@ class BeamDrafter:
         (k None: all of it kept)."""
         ahead.drafting.close()
         self.model.rollback(0, ahead.base + (ahead.cached if k is None else min(k, ahead.cached)))
-        self._drop_beams(beam_slots(self._width))
+        self._drop_beams(self._slots())
 
     def _drafting(
         self,
@@ -248,7 +273,7 @@ class BeamDrafter:
             self.seen.sync(ctx)
         t0, pending = clock(), len(ctx) - len(model.held(0))
         beam_tok = np.zeros((1, 0), dtype=np.int64)
-        ids, logq = self._rows(feed(model, ctx)[-1:], beam_tok, ctx)  # the current beams' rows
+        ids, logq = self._rows(self._feed(ctx), beam_tok, ctx)  # the current beams' rows
         seqs = [0]  # sequence of each current beam
         beam_logq = np.zeros((1, 0))
         row_of = np.zeros((1, 0), dtype=np.int64)  # which of each depth's rows every beam extended
@@ -287,7 +312,9 @@ class BeamDrafter:
                 model.rollback(s, 0)
                 model.copy_seq(seqs[j], s)
                 batch.add(tok[j], base + d, (s,), True)
-            ids, logq = self._rows(model.decode(batch), beam_tok, ctx)
+            if self.rows:  # the parents are copied: their sequences may be spares now
+                batch = self._pad(batch, new_seqs)
+            ids, logq = self._rows(self._decode(batch)[: len(new_seqs)], beam_tok, ctx)
             seqs, bank = new_seqs, 1 - bank
         best = int(np.argmax(score))
         self._seqs, self._best, self._cached = seqs, best, beam_tok.shape[1] - 1  # each holds x_1..x_{n-1}
@@ -316,10 +343,63 @@ class BeamDrafter:
         m = min(k, self._cached) if b < finals and k > 0 else 0  # a beam's cache holds x_1..x_{n-1}
         if m:
             self.model.copy_seq(self._seqs[b], 0, base, base + m)
-        self._drop_beams(beam_slots(self._width))
+        self._drop_beams(self._slots())
         if self.cross is not None:
             path = self._beam_aux[b] if b < finals else self._dead_aux[b - finals]
             self.cross.accepted(self.ctx, path, k)
+
+    def _decode(self, batch: Batch) -> np.ndarray:
+        """The model's decode, counted (an empty batch reaches no model)."""
+        n = len(batch)
+        if n:
+            c = self.counters
+            c["calls"] += 1
+            c["shapes"][n] = c["shapes"].get(n, 0) + 1
+            c["shape_changes"] += n != self._last_rows
+            self._last_rows = n
+        return self.model.decode(batch)
+
+    def _feed(self, ctx: Sequence[int]) -> np.ndarray:
+        """Feed sequence 0 the tokens of ``ctx`` it does not hold yet (one at least); the logits row
+        after the last of them, (1, V). With ``rows``: R rows a call (the module's docstring)."""
+        model, r = self.model, self.rows
+        n = len(model.held(0))
+        run = [int(t) for t in ctx[n:]]
+        if not r:
+            return self._decode(Batch.run(run, n))[-1:]
+        if len(run) > r * SPLIT_MAX:  # a long catch-up: its bulk as a prefill, one call
+            bulk = len(run) - r
+            self._decode(Batch.run(run[:bulk], n, logits="none"))
+            n, run = n + bulk, run[bulk:]
+        while True:
+            chunk, run = run[:r], run[r:]
+            logits = self._decode(self._pad(Batch.run(chunk, n, logits="all"), ()))
+            n += len(chunk)
+            if not run:
+                return logits[len(chunk) - 1 : len(chunk)]
+
+    def _pad(self, batch: Batch, live: Sequence[int]) -> Batch:
+        """``batch`` (a run of sequence 0, or one row in each sequence of ``live``) made ``rows``
+        rows in as many sequences, every row asking for logits; the spare sequences emptied first."""
+        model = self.model
+        spare = [s for s in range(1, 2 * self.max_width + 1) if s not in live]
+        for s in spare:
+            model.rollback(s, 0)
+        k = len(batch)
+        tags = spare[: k - 1] if not live else []  # a run of sequence 0: k - 1 copies of it
+        for s in tags:
+            model.copy_seq(0, s)
+        out = Batch()
+        for i in range(k):  # row i also in the copies i.. (each then holds a prefix of the run)
+            out.add(batch.tokens[i], batch.pos[i], (*batch.seq_ids[i], *tags[i:]), True)
+        for s in spare[len(tags) : len(tags) + self.rows - k]:
+            out.add(batch.tokens[-1], 0, (s,), True)
+        assert len(out) == self.rows, f"{k} rows do not pad to {self.rows}"
+        return out
+
+    def _slots(self) -> int:
+        """The sequences the last draft may have used: its banks, or every spare."""
+        return beam_slots(self.max_width if self.rows else self._width)
 
     def _rows(
         self, logits: np.ndarray, beam_tok: np.ndarray, ctx: list[int]
