@@ -11,7 +11,8 @@
 #                                for the build, derives the default pair, widens its target x8 (then
 #                                x12 where time and GPU memory allow), benches ar, sd, mtad, mmtad and
 #                                llama-server's draft-model speculation at T = 1 and T = 0, the aux on
-#                                the GPU and on the CPU; every result under $OUT, a summary printed last
+#                                the GPU (its calls of one shape and free) and on the CPU; every result
+#                                under $OUT, a summary printed last (the aux's calls and shapes too)
 #   scripts/gpu-run.sh dry-run   here, on the CPU: pack, then the calls from clean copies of the checkout
 #                                (x2, 16 tokens, 2 prompts; call2 cut short, then again with nothing
 #                                carried, as a third call would go on; GPU_RUN_BIN=DIR skips the build)
@@ -176,10 +177,11 @@ print(":".join(sorted({os.path.dirname(p) for r in sys.path for p in glob.glob(r
       # (beside the GPU's verify) and on the GPU (a context of its own)
       bench_once "x$k-t1-auxcpu" "$w" --methods ar,sd,mtad --temperature 1 --aux-gpu-layers 0 \
         --variant "sd draft_ahead=on" --variant "mtad draft_ahead=on" || break
+      # aux_shape: auto is fixed on a CUDA build with graphs (every aux call of one shape); free beside it
       bench_once "x$k-t1" "$w" --methods ar,sd,mtad,mmtad --temperature 1 "${peer[@]}" \
-        --variant "mtad draft_ahead=on" || break
+        --variant "mtad draft_ahead=on" --variant "mtad aux_shape=free" || break
       bench_once "x$k-t0" "$w" --methods ar,sd,mtad,mmtad --temperature 0 "${peer[@]}" \
-        --variant "sd draft_ahead=on" || break
+        --variant "sd draft_ahead=on" --variant "sd aux_shape=free" || break
     else
       bench_once "x$k-t1" "$w" --methods ar,sd,mtad --temperature 1 || break
     fi
@@ -220,7 +222,7 @@ bench_once() {  # NAME STANDIN ARGS...: one bench unless done; false when the ca
 summary() {  # a bench's tables (speed, where the time goes, llama-server's rows), appended to summary.md
   [[ -f $1/report.md ]] || { echo "## $(basename "$1"): no report" >> "$OUT/summary.md"; return 0; }
   { echo "## $(basename "$1")"; echo
-    awk '/^\| (variant \| tok\/s|variant \| target|row \| tok\/s)/ {on = 1} on && /^$/ {on = 0; print ""} on' "$1/report.md"
+    awk '/^\| (variant \| tok\/s|variant \| target|row \| tok\/s|variant \| calls per)/ {on = 1} on && /^$/ {on = 0; print ""} on' "$1/report.md"
     grep -A3 "^Learned call costs" "$1/report.md"; echo; } >> "$OUT/summary.md"
 }
 

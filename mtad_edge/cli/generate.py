@@ -76,16 +76,14 @@ def _read(path: Path, flag: str) -> str:
 @click.option(
     "--json-schema",
     metavar="FILE|JSON",
-    help="The answer follows this JSON schema: a file, or the schema itself ('{...}'). Keywords the grammar "
-    "engine does not implement are ignored, the rest enforced (docs/structured-output.md).",
+    help="The answer follows this JSON schema: a file, or the schema itself ('{...}').",
 )
 @click.option(
     "--grammar",
     metavar="FILE",
-    help="The answer follows this grammar: llama.cpp GBNF, or Lark (llguidance's dialect) for a .lark file or "
-    "one that says 'start:' or '%llguidance'.",
+    help="The answer follows this grammar: GBNF, or Lark for a .lark file (docs/structured-output.md).",
 )
-@click.option("--regex", metavar="PATTERN", help="The answer matches this regular expression (Rust syntax).")
+@click.option("--regex", metavar="PATTERN", help="The answer matches this regular expression.")
 @click.option(
     "--parse-special/--no-parse-special",
     default=True,
