@@ -111,6 +111,7 @@ def test_a_bad_constraint_is_a_one_line_error_before_any_load(tmp_path):
 def test_generate_follows_a_json_schema_a_grammar_file_or_a_regex(smol_files, tmp_path):
     jsonschema = pytest.importorskip("jsonschema")
     schema = {"type": "object", "properties": {"planet": {"enum": ["Mars", "Venus"]}}, "required": ["planet"]}
+    schema["additionalProperties"] = False  # else a model may add keys past max_tokens
     (tmp_path / "yes.gbnf").write_text('root ::= "yes" | "no"')
     (tmp_path / "s.json").write_text(json.dumps(schema))
     for args, check in [
