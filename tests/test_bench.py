@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from helpers import FakeLM
+from helpers import FakeLM, fake_engine
 from mtad_edge.bench.energy import EnergyMeter
 from mtad_edge.bench.native import llama_bench, speculative_simple
 from mtad_edge.bench.run import projection, run_order, time_split
@@ -907,6 +907,27 @@ def test_the_verdict_says_the_run_in_plain_words(speeds, verdict):
     from mtad_edge.bench.report import verdict as said
 
     assert said(_talking(speeds, {"ar": 3.0, "mtad": 2.4})).startswith(verdict)
+
+
+def test_the_verdict_says_what_auto_decoded_with():
+    from mtad_edge.bench.report import verdict as said
+    from mtad_edge.bench.run import aggregate
+
+    results = _talking({"ar": 6.0, "auto": 13.4, "sd": 11.5})
+    results["methods"]["auto"]["chose"] = {"mtad": 6}
+    assert said(results).startswith("Verdict: auto (as mtad) is 2.23x as fast as plain decoding (ar) here; sd 1.92x.")
+    results["methods"]["auto"]["chose"] = {"sd": 2, "mtad": 4}
+    assert "auto (as mtad 4, sd 2) is 2.23x" in said(results)
+    t = FakeLM(salt=1, n_seq_max=9)
+    engine = fake_engine(t, FakeLM(salt=2, n_seq_max=9), max_tokens=6)
+    from mtad_edge.bench.run import BenchConfig, run_bench
+    from mtad_edge.bench.variants import Variant
+
+    variants = (Variant("ar", "ar"), Variant("auto", "auto"))
+    rows = run_bench(engine, [{"id": "a", "prompt": "abc"}], BenchConfig(variants=variants, decode=engine.defaults))
+    agg = aggregate(rows, {v.label: v for v in variants})
+    assert agg["ar"]["chose"] is None and sum(agg["auto"]["chose"].values()) == 1
+    assert next(iter(agg["auto"]["chose"])) in ("sd", "mtad")
 
 
 def test_the_terminal_summary_and_the_text_chart():

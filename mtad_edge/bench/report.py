@@ -172,19 +172,30 @@ def verdict(results: dict) -> str:
     ranked = sorted(others, key=lambda m: -(_ratio(vs_ar, m) or 0.0))
     best, rest = ranked[0], ranked[1:]
     x = _ratio(vs_ar, best) or 0.0
-    tail = ("; " + ", ".join(f"{m} {_ratio(vs_ar, m):.2f}x" for m in rest)) if rest else ""
+    tail = ("; " + ", ".join(f"{m} {_ratio(vs_ar, m):.2f}x{_chose(methods[m])}" for m in rest)) if rest else ""
+    best_said = f"{best}{_chose(methods[best])}"
     if x >= 1 + SAME_SPEED:
-        head = f"{best} is {x:.2f}x as fast as plain decoding (ar) here"
+        head = f"{best_said} is {x:.2f}x as fast as plain decoding (ar) here"
     elif x > 1 - SAME_SPEED:
-        head = f"{best} runs about as fast as plain decoding (ar) here ({x:.2f}x)"
+        head = f"{best_said} runs about as fast as plain decoding (ar) here ({x:.2f}x)"
     else:
         head = (
-            f"nothing beat plain decoding (ar) here: the fastest, {best}, ran {x:.2f}x its speed "
+            f"nothing beat plain decoding (ar) here: the fastest, {best_said}, ran {x:.2f}x its speed "
             "(drafting pays where the target costs far more than the aux: docs/standins.md)"
         )
     ppl = (vs_ar.get(best) or {}).get("ppl")
     quality = f" {best}'s text: {ppl:.2f}x ar's perplexity." if ppl is not None and best != "ar" else ""
     return f"Verdict: {head}{tail}.{quality}"
+
+
+def _chose(agg: dict) -> str:
+    """ " (as mtad)", " (as sd 4, mtad 2)": what method auto decoded with, where it ran."""
+    chose = agg.get("chose")
+    if not chose:
+        return ""
+    if len(chose) == 1:
+        return f" (as {next(iter(chose))})"
+    return " (as " + ", ".join(f"{m} {n}" for m, n in sorted(chose.items(), key=lambda kv: -kv[1])) + ")"
 
 
 # Within this share of ar's speed a variant is called "about as fast": runs move that much.

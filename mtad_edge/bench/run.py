@@ -11,7 +11,7 @@ import random
 import resource
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -193,6 +193,7 @@ def measure(
     extra = st.to_dict()  # the adaptive controller's fields, on runtimes that have it
     return {
         "method": cfg.method,
+        "chose": st.method if st.auto else None,  # method auto: what it decoded with
         "temperature": cfg.sampling.temperature,
         "seed": st.seed,
         "prompt_tokens": response.prompt_tokens,
@@ -412,6 +413,7 @@ def aggregate(rows: list[dict], variants: Optional[dict[str, Variant]] = None) -
         v = (variants or {}).get(label)
         out[label] = {
             "method": mine[0]["method"],
+            "chose": _counts(r.get("chose") for r in mine),  # method auto: its choices, runs each
             "options": dict(v.options) if v else {},
             "temperature": mine[0].get("temperature"),
             "runs": len(mine),
@@ -531,6 +533,15 @@ def projection(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Option
     for row in out.values():
         row["x_ar"] = row["tokens_per_s"] / base if row["tokens_per_s"] and base else None
     return out
+
+
+def _counts(values: Iterable[Optional[str]]) -> Optional[dict[str, int]]:
+    """How many times each value came (None left out); None where none came."""
+    out: dict[str, int] = {}
+    for v in values:
+        if v is not None:
+            out[v] = out.get(v, 0) + 1
+    return out or None
 
 
 def drafters(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
