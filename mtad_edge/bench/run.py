@@ -11,6 +11,7 @@ import random
 import resource
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -537,11 +538,7 @@ def projection(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Option
 
 def _counts(values: Iterable[Optional[str]]) -> Optional[dict[str, int]]:
     """How many times each value came (None left out); None where none came."""
-    out: dict[str, int] = {}
-    for v in values:
-        if v is not None:
-            out[v] = out.get(v, 0) + 1
-    return out or None
+    return dict(Counter(v for v in values if v is not None)) or None
 
 
 def drafters(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
