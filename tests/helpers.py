@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import re
 import shutil
 import socket
 import struct
@@ -145,6 +146,23 @@ class SlowLM(FakeLM):
     def decode(self, batch):
         time.sleep(self.delay)
         return super().decode(batch)
+
+
+def read_until(proc, pattern: str, timeout: float = 120.0) -> re.Match:
+    """Read a started process's stderr (text) line by line until ``pattern`` matches; a load that
+    hangs is killed after ``timeout`` s, and a process that exits first fails the test with what
+    it said."""
+    import pytest
+
+    said, found = "", None
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    while (line := proc.stderr.readline()) and not (found := re.search(pattern, line)):
+        said += line
+    watchdog.cancel()
+    if found is None:
+        pytest.fail(f"server exited: {said}{proc.stderr.read()}")
+    return found
 
 
 def wait_until(predicate, timeout: float = 20.0) -> None:

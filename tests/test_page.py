@@ -5,7 +5,6 @@ started here on loopback with an API key. A screenshot is kept in build/test-art
 import http.client
 import json
 import os
-import re
 import subprocess
 import tempfile
 import threading
@@ -16,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from helpers import EXE, wait_until
+from helpers import EXE, read_until, wait_until
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it where it is missing)
 if not os.path.exists(CHROMIUM):
@@ -56,14 +55,7 @@ def server(smol_files):
         stderr=subprocess.PIPE,
         text=True,
     )
-    said = ""
-    watchdog = threading.Timer(120, proc.kill)  # a load that hangs ends the read below at EOF
-    watchdog.start()
-    while (line := proc.stderr.readline()) and not (found := re.search(r"chat page: (http://127\.0\.0\.1:\d+/)", line)):
-        said += line
-    watchdog.cancel()
-    if not line:
-        pytest.fail(f"server exited: {said}{proc.stderr.read()}")
+    found = read_until(proc, r"chat page: (http://127\.0\.0\.1:\d+/)")
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
     url = found.group(1)
     deadline = time.time() + 60  # the line comes as it starts listening

@@ -3,14 +3,13 @@
 import http.client
 import json
 import os
-import re
 import subprocess
 import threading
 import time
 
 import pytest
 
-from helpers import EXE
+from helpers import EXE, read_until
 
 openai = pytest.importorskip("openai")
 
@@ -45,14 +44,7 @@ def server(smol_files):
         text=True,
         env=dict(os.environ),
     )
-    said = ""
-    watchdog = threading.Timer(120, proc.kill)  # a load that hangs ends the read below at EOF
-    watchdog.start()
-    while (line := proc.stderr.readline()) and not (found := re.search(r"on http://127\.0\.0\.1:(\d+)/v1 ", line)):
-        said += line
-    watchdog.cancel()
-    if not line:
-        pytest.fail(f"server exited: {said}{proc.stderr.read()}")
+    found = read_until(proc, r"on http://127\.0\.0\.1:(\d+)/v1 ")
     port = int(found.group(1))
     threading.Thread(target=lambda: LOG.extend(proc.stderr), daemon=True).start()  # the request log, as it comes
     deadline = time.time() + 120

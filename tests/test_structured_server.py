@@ -3,7 +3,6 @@ on the default pair: parsed Pydantic answers, a tools round trip (auto and requi
 not) whose arguments validate, and hostile schemas refused within 2 s while another request runs."""
 
 import json
-import re
 import subprocess
 import threading
 import time
@@ -11,7 +10,7 @@ from typing import Literal
 
 import pytest
 
-from helpers import EXE
+from helpers import EXE, read_until
 
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
@@ -46,14 +45,7 @@ PARIS = [{"role": "user", "content": "What's the weather in Paris?"}]
 def client(smol_files):
     args = ["serve", "--port", "0", "--ctx-size", "2048", "--threads", "2", "--max-tokens", "48", "--queue-size", "8"]
     proc = subprocess.Popen([EXE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    said, found = "", None
-    watchdog = threading.Timer(180, proc.kill)
-    watchdog.start()
-    while (line := proc.stderr.readline()) and not (found := re.search(r"on http://127\.0\.0\.1:(\d+)/v1 ", line)):
-        said += line
-    watchdog.cancel()
-    if found is None:
-        pytest.fail(f"server exited: {said}{proc.stderr.read()}")
+    found = read_until(proc, r"on http://127\.0\.0\.1:(\d+)/v1 ", timeout=180)
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # its log lines must not fill the pipe
     yield openai.OpenAI(base_url=f"http://127.0.0.1:{found.group(1)}/v1", api_key="none", max_retries=0, timeout=120)
     proc.terminate()
