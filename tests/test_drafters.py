@@ -248,9 +248,9 @@ def test_a_plain_step_beside_the_aux_earns_lookups_next_probe_too(monkeypatch):
         if drafter != "ngram":
             monkeypatch.setattr(gen.drafters["aux"].ctrl, "plan", lambda max_gamma, lag=0: Plan(0, 1, 1.0, 0.01))
         gen._prefill()
-        before = ctrl.acc.plain_s
+        before = ctrl.pot.plain_s  # the run's probe budget, which lookup's classes share
         gen._step()
-        assert gen.stats.drafted == 0 and ctrl.acc.plain_s > before, drafter
+        assert gen.stats.drafted == 0 and ctrl.pot.plain_s > before, drafter
 
 
 def test_lookup_alone_without_a_match_steps_plainly():

@@ -140,7 +140,7 @@ class Acceptance:
     since_draft: int = 0
     probe_every: int = PROBE_FIRST
     since_stretch: int = 0  # drafting steps since the last stretch (Controller._stretch)
-    plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe
+    plain_s: float = 0.0  # seconds of plain steps since the last draft: what pays for the next probe (Controller.pot)
     earned: bool = False  # the last probe beat a plain step clearly: the next one needs no budget
     delivered: Delivered = field(default_factory=Delivered)  # drafting's time forecasts, as they fared
     plain_delivered: Delivered = field(default_factory=Delivered)  # and plain steps'

@@ -207,8 +207,13 @@ class Controller:
         widths: Sequence[int],
         tree: bool,
         free: bool = False,
+        pot: Optional[str] = None,
     ):
         self.model, self.acc = model, model.for_key(key)
+        # What pays for probes (``Acceptance.plain_s``): one for a run's controllers (``pot``: the key
+        # it is kept under), else each earned the run's plain seconds for its own probes, and prompt
+        # lookup's and the aux's probes together lost 2-3 % beside plain decoding on the bundled pair.
+        self.pot = model.for_key(pot) if pot is not None else self.acc
         model.pace.gap()  # a new request: its calls are not compared with the last one's
         self.acc.follow = gammas[0] >= 1  # no plain steps to lose to optimism (Acceptance.survival)
         self.gammas, self.widths, self.tree = gammas, list(widths), tree
@@ -226,6 +231,7 @@ class Controller:
         # each depth), and _first_aux_rows
         self._beam_s: Optional[dict[int, list[float]]] = None
         self._first_aux: Optional[tuple[float, float]] = None
+        self._reads: Optional[dict[tuple[str, int], float]] = None  # and each table's seconds by rows
 
     def table(self, alone: bool) -> Acceptance:
         """What a plan's drafts keep: a tree's (or a straight draft's), or its best beam's alone."""
@@ -275,7 +281,11 @@ class Controller:
         """Seconds of the calls after a draft's first, summed through each depth 0..``last``."""
         aux, cum = self.model.aux, [0.0, 0.0]
         for reading in self.acc.beams.readings(width, last):
-            call = sum(p * aux(r) for r, p in enumerate(reading) if p > 0) if reading else aux(width)
+            call = (
+                sum(p * self._read(aux, r) for r, p in enumerate(reading) if p > 0)
+                if reading
+                else self._read(aux, width)
+            )
             cum.append(cum[-1] + call)
         return cum
 
@@ -287,10 +297,10 @@ class Controller:
         ``alone``: a tree method verifies the best beam alone."""
         m = self.model
         if gamma == 0:
-            return m.target(1) + m.overhead
+            return self._read(m.target, 1) + m.overhead
         # A tree's price bounds a straight call's of as many rows: until one is measured, its stand-in.
         verify = m.tree if self.tree and m.tree.known and (not alone or not m.target.known) else m.target
-        seconds = verify(self.verify_rows(gamma, width, alone)) + m.draft_overhead
+        seconds = self._read(verify, self.verify_rows(gamma, width, alone)) + m.draft_overhead
         if self.free:
             return seconds
         first = self.first_aux_s(gamma, width, survivals, alone)
@@ -309,7 +319,19 @@ class Controller:
     def _first_aux_rows(self) -> tuple[float, float]:
         """The aux's one-row call, and what a second row adds to it."""
         aux = self.model.aux
-        return aux(1), max(aux(2) - aux(1), 0.0)
+        one = self._read(aux, 1)
+        return one, max(self._read(aux, 2) - one, 0.0)
+
+    def _read(self, costs: Costs, rows: int) -> float:
+        """``costs(rows)``, read once per plan (a plan reads a row many times; the tables stand still)."""
+        reads = self._reads
+        if reads is None:
+            return costs(rows)
+        key = (costs.kind, rows)
+        seconds = reads.get(key)
+        if seconds is None:
+            seconds = reads[key] = costs(rows)
+        return seconds
 
     def plan(self, max_gamma: int, lag: int = 0) -> Plan:
         """The best (gamma, width) with gamma <= max_gamma, compared as steady drafting would run
@@ -318,7 +340,8 @@ class Controller:
         after plain steps must earn back within ``SWITCH_HORIZON`` steps (else, where drafting and
         plain steps nearly tie, switching back and forth pays the aux's catch-up each time)."""
         gammas = [g for g in self.gammas if g <= max_gamma] or [max_gamma]
-        self._beam_s, self._first_aux = {}, self._first_aux_rows()  # the tables do not change while it plans
+        self._beam_s, self._reads = {}, {}  # the tables do not change while it plans
+        self._first_aux = self._first_aux_rows()
         options = []
         for w in self.widths:
             for alone in self.verifies(w):
@@ -352,14 +375,14 @@ class Controller:
                 loss = self.step_seconds(probe.gamma, probe.width, lag, alone=probe.alone)
                 loss -= probe.tokens * best.seconds / plain
                 # a probe that beat plain steps clearly refuted the forecast this loss comes from
-                if unknown or acc.earned or loss <= PROBE_BUDGET * acc.plain_s:
+                if unknown or acc.earned or loss <= PROBE_BUDGET * self.pot.plain_s:
                     acc.since_draft, acc.probe_every = 0, min(acc.probe_every * 2, PROBE_MAX)
                     best, self._probing, acc.earned = probe, True, False
         else:
             acc.since_draft, acc.probe_every, acc.earned = 0, PROBE_FIRST, False
             best = self._try_tree(self._stretch(best, options), options)
         best.timed = not unknown
-        self._plan, self._beam_s, self._first_aux = best, None, None
+        self._plan, self._beam_s, self._first_aux, self._reads = best, None, None, None
         return best
 
     def _stretch(self, best: Plan, options: list[Plan]) -> Plan:
@@ -432,11 +455,11 @@ class Controller:
             rate = (k + 1) / steady * self.acc.delivered.factor() if steady > 0 else 0.0
             if self._probing and rate > PROBE_WIN * plain_rate:
                 self.acc.probe_every, self.acc.earned = PROBE_SOON, True
-            self.acc.plain_s = 0.0
+            self.pot.plain_s = 0.0
             if not m.frozen and plan.timed:
                 self.acc.delivered.add(steady, self.step_seconds(drafted, plan.width, alone=plan.alone))
         elif k is None:
-            self.observe_plain(seconds, plan.timed)
+            self.observe_plain(seconds, plan.timed, own=True)
         if m.frozen:
             return
         if calls_s is None:
@@ -444,12 +467,14 @@ class Controller:
             calls_s -= m.draft_overhead if drafted else m.overhead
         m.observe_overhead(bool(drafted), seconds - calls_s)
 
-    def observe_plain(self, seconds: float, timed: bool) -> None:
+    def observe_plain(self, seconds: float, timed: bool, own: bool = False) -> None:
         """A plain step another controller planned (``timed``: from timings) where this one too
-        had planned none: it teaches this one as its own plain steps do, earning the next probe
-        (beside the aux, prompt lookup's classes would otherwise never probe again once they stop
-        drafting) and what plain steps deliver against their forecast."""
-        self.acc.plain_s += seconds
+        had planned none (``own``: this one planned it): it teaches this one as its own plain steps
+        do, earning the next probe (beside the aux, prompt lookup's classes would otherwise never
+        probe again once they stop drafting; a pot shared with the planner is earned by the
+        planner, once) and what plain steps deliver against their forecast."""
+        if own or self.pot is self.acc:
+            self.pot.plain_s += seconds
         if not self.model.frozen and timed:
             self.acc.plain_delivered.add(seconds, self.step_seconds(0, 1))
 

@@ -60,7 +60,6 @@ class Pace:
         self.pending: list[Call] = []  # this moment's aux calls so far
         self.calls: deque[tuple[int, float]] = deque(maxlen=ROW_WINDOW)  # the last target calls: rows, reading
         self.waiting: Optional[tuple[Costs, int, float, float]] = None  # a row run after plain steps, and their level
-        self.anchored = False  # whether a call was timed: until then the pace is the calibration's
 
     @property
     def factor(self) -> float:
@@ -85,8 +84,6 @@ class Pace:
         aux, self.pending = self.pending, []
         if self.frozen or (call is None and not aux):
             return
-        if not self.anchored:
-            self._anchor(([call] if call is not None else []) + aux)
         settled = [(t, r, x - math.log(t.table[r])) for t, r, x in aux if r in t.table and not t.young(r)]
         target = None  # the target call's reading, where its entry is settled
         if call is not None and call[1] in call[0].table and not call[0].young(call[1]):
@@ -137,15 +134,6 @@ class Pace:
             self.moments.append(([target] if target is not None else [], [y for _, _, y in settled]))
             self._settle()
 
-    def _anchor(self, calls: list[Call]) -> None:
-        """The first call of a calibrated pair on a row the calibration timed: how fast the machine
-        runs against the calibration is the pace from then on."""
-        for t, r, x in calls:
-            if r in t.seed and r not in t.table:
-                self.log = x - math.log(t.seed[r]) - (self.aux if t.model == "aux" else 0.0)
-                break
-        self.anchored = True
-
     def _bracket(self, costs: Costs, rows: int, reading: Optional[float]) -> None:
         """The one-row entry, plain steps', is the anchor the other target rows are learned against:
         a row run between plain steps (a probe) is compared with the mean of the plain steps on
@@ -183,7 +171,6 @@ class Pace:
         out = Pace(self.log, frozen, self.aux)
         out.moments = deque(((list(a), list(b)) for a, b in self.moments), maxlen=PACE_MOMENTS)
         out.gaps = deque(self.gaps, maxlen=GAP_WINDOW)
-        out.anchored = self.anchored
         return out
 
 
@@ -211,6 +198,17 @@ class Costs:
         self._learned: dict[int, int] = {}  # how often a row has learned from its neighbours
         self.seed = dict(seed or {})
         self.prior = _line(self.seed)
+        # The calibration's rows are settled entries from the start, so the pace is read against them
+        # through the median of a few moments. Anchored on one call before (a calibrated pair's
+        # first, how fast the machine ran against the calibration), a request's first verify, which
+        # can take twice a settled one (the bundled pair's: 50 ms where it settled at 27), read
+        # every row but the one-row call 1.9x dear for the engine's life, and sd seldom drafted.
+        # An entry is no dearer than the robust line through them (a disturbed timing), and may be
+        # cheaper (the one-row call off a concave shape: 17.7 ms beside the line's 23.1 there).
+        for r, seconds in self.seed.items():
+            if self.prior is not None:
+                seconds = min(seconds, max(self.prior[0] + self.prior[1] * r, 1e-9))
+            self.table[r], self._first[r] = seconds, [math.log(seconds)] * ROW_WINDOW
         self._seed_top = max(self.seed, default=0)  # the most rows the calibration timed
         self.frozen = False  # a frozen table ignores observations (seeded, reproducible runs)
         self._filled: Optional[tuple[tuple[int, float], tuple[float, float, float]]] = None  # _fill's memo

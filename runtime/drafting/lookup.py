@@ -204,7 +204,8 @@ class LookupDrafter(Drafter):
         if not cfg.adaptive:
             return FixedController(cfg.max_gamma, 1)
         key = f"{self.run.key} lookup m{match}"
-        return Controller(self.run.model, key, range(0, cfg.max_gamma + 1), [1], tree=self.run.method.tree, free=True)
+        model, tree = self.run.model, self.run.method.tree
+        return Controller(model, key, range(0, cfg.max_gamma + 1), [1], tree=tree, free=True, pot=self.run.key)
 
     def offer(self, tokens: Sequence[int], cap: int, step: int, after: tuple[int, ...] = ()) -> Offer:
         found = self.index.lookup(tokens, cap)
