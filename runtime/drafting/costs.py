@@ -203,11 +203,8 @@ class Costs:
         # first, how fast the machine ran against the calibration), a request's first verify, which
         # can take twice a settled one (the bundled pair's: 50 ms where it settled at 27), read
         # every row but the one-row call 1.9x dear for the engine's life, and sd seldom drafted.
-        # An entry is no dearer than the robust line through them (a disturbed timing), and may be
-        # cheaper (the one-row call off a concave shape: 17.7 ms beside the line's 23.1 there).
-        for r, seconds in self.seed.items():
-            if self.prior is not None:
-                seconds = min(seconds, max(self.prior[0] + self.prior[1] * r, 1e-9))
+        for r in self.seed:
+            seconds = self._calibrated(r)
             self.table[r], self._first[r] = seconds, [math.log(seconds)] * ROW_WINDOW
         self._seed_top = max(self.seed, default=0)  # the most rows the calibration timed
         self.frozen = False  # a frozen table ignores observations (seeded, reproducible runs)
@@ -292,6 +289,18 @@ class Costs:
         line = max(floor, a + b * rows)
         return line if entry is None else min(entry, line)
 
+    def _calibrated(self, rows: int) -> float:
+        """What the calibration says a call of ``rows`` costs at pace 1 (it has one): its timing of
+        the row, no dearer than the robust line through its timings (a disturbed one), and cheaper
+        where it was (the one-row call off a concave shape: 17.7 ms beside the line's 23.1 there);
+        the line for a row it did not time. A seeded entry starts here, so its drift from here is
+        what the rows run say of the machine against the calibration (``_fill``)."""
+        assert self.prior is not None
+        a, b = self.prior
+        line = max(a + b * rows, 1e-9)
+        timed = self.seed.get(rows)
+        return line if timed is None else min(timed, line)
+
     def _fill(self) -> tuple[float, float, float]:
         """The line rows not in the table (and young entries) are read from, (a, b, floor):
         seconds = max(floor, a + b x rows); robust, so one disturbed entry hardly moves it.
@@ -306,7 +315,7 @@ class Costs:
             # target's one-row call can lie well off the line through a concave shape); without
             # such rows, any.
             near = [r for r in self.table if r <= self._seed_top] or list(self.table)
-            scale = median([self.table[r] / (self.seed.get(r) or a + b * r) for r in near]) if near else 1.0
+            scale = median([self.table[r] / self._calibrated(r) for r in near]) if near else 1.0
             fill = (a * scale, b * scale, -math.inf)
         else:
             line = _line(self.table)
