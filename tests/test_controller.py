@@ -236,6 +236,27 @@ def test_keep_going_stops_an_unconfident_draft_when_aux_steps_cost():
     assert not ctrl.keep_going(3, -5.0)
 
 
+def test_a_confident_draft_runs_past_the_plans_length_and_an_unsure_one_stops():
+    """The plan's gamma is the best length for a draft of average confidence; keep_going takes a
+    sure draft on to the longest allowed (x4 at T = 0: drafts capped at the plan's length swung
+    with the costs' noise, 376-488 tokens over five repeats of the same texts)."""
+    ctrl = sd_controller()
+    for rows in range(1, 10):
+        for _ in range(3):
+            ctrl.model.target.observe(rows, 0.010 + 0.002 * (rows - 1))
+            ctrl.model.aux.observe(rows, 0.002)
+    for _ in range(40):  # a third of the drafts sure (all kept), a third unsure (none), the rest one
+        ctrl.acc.observe(1, 8, list(np.cumsum([-0.02] * 8)))
+        ctrl.acc.observe(1, 0, list(np.cumsum([-1.5] * 8)))
+        ctrl.acc.observe(1, 1, list(np.cumsum([-0.3] + [-1.5] * 7)))
+    plan = ctrl.plan(8)
+    assert plan.gamma == 1 and plan.longest == 8  # on average one token pays; a sure draft may run to 8
+    assert all(ctrl.keep_going(d, -0.02 * d) for d in range(1, 8))
+    assert not ctrl.keep_going(8, -0.16)  # the longest allowed
+    assert not ctrl.keep_going(1, -0.3)
+    assert ctrl.plan(3).longest == 3  # within what the step may draft
+
+
 def test_keep_going_finishes_a_plan_whose_next_depth_alone_does_not_pay():
     """A tree verify's cost grows in steps (here 10 rows cost more than 13, as measured backends
     do, timed often enough to be more than a stall): depth 3 alone loses, depths 3 and 4 together

@@ -65,9 +65,8 @@ class DraftingAhead:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mtad-draft-ahead")
         stop = threading.Event()
-        future = self._pool.submit(
-            self.beams.ahead, tokens, draft, plan.gamma, plan.width, run.q_rows, keep_going, run.rng(step), stop, until
-        )
+        args = (tokens, draft, plan.longest, plan.width, run.q_rows, keep_going, run.rng(step), stop, until)
+        future = self._pool.submit(self.beams.ahead, *args)
         self.behind = Behind(future, stop)
         return self.behind
 
@@ -78,7 +77,7 @@ class DraftingAhead:
         ahead, self.kept = self.kept, None
         if ahead is None:
             return None
-        if (plan.gamma, plan.width, plan.alone) != (ahead.gamma, ahead.width, False) or (
+        if (plan.longest, plan.width, plan.alone) != (ahead.gamma, ahead.width, False) or (
             keep_going is not None and any(keep_going(d, cum) != yes for d, cum, yes in ahead.asked)
         ):
             self.beams.drop_ahead(ahead)

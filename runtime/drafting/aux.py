@@ -131,7 +131,7 @@ class AuxDrafter(Drafter):
             draft, offer.hidden = made
         else:
             rng = self.run.rng(step)
-            draft = self.beams.propose(tokens, plan.gamma, plan.width, self.run.q_rows, self.keep_going, rng, after)
+            draft = self.beams.propose(tokens, plan.longest, plan.width, self.run.q_rows, self.keep_going, rng, after)
         if plan.alone:  # a tree method verifies the best beam alone where its tree does not pay
             draft = draft.best_only()
         return draft

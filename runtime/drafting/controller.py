@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Optional
 
@@ -41,10 +41,16 @@ class Plan:
     seconds: float = 0.0  # expected wall seconds
     timed: bool = True  # whether timings backed the forecast (else its costs are in rows, not seconds)
     alone: bool = False  # a tree method verifies the best beam alone (MTAD's straight verify)
+    reach: int = 0  # the longest the draft may run while keep_going says it pays (0: gamma)
 
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def longest(self) -> int:
+        """The most tokens the draft may have: ``gamma``, or its ``reach`` where that is further."""
+        return max(self.gamma, self.reach)
 
 
 class FixedController:
@@ -180,19 +186,21 @@ class Controller:
     A step with gamma g >= 1 and width w costs one aux call on the pending token or two
     (``first_aux_s``), g - 1 aux calls of a row per live beam (``beam_calls_s``), one target call on
     ``verify_rows(g, w)`` rows and the per-step overhead; it commits 1 + sum_{d<=g} P(k >= d)
-    tokens. Gamma 0 is one target row for one token. Plain and drafting steps learn their own
-    overhead (time outside model calls). When gamma 0 wins it still drafts now and then, so that
-    acceptance stays measured and a change of regime is noticed: after ``PROBE_FIRST`` plain steps,
-    doubling while probes lose, at most every ``PROBE_MAX``, and only once the plain steps since the
-    last draft have earned the probe's expected loss at ``PROBE_BUDGET``. That loss counts the aux
-    feeding the tokens it skipped (``lag``), which is what a probe costs most where drafting does
-    not pay: probes then come early in a request, or not at all in a long one, and cost at most a
-    few per cent. A probe drafts ``PROBE_GAMMA`` tokens at least, so that an aux call as drafting on
-    would make it is timed beside its verify. One that beat a plain step clearly refuted the
-    forecast its loss was priced by: the next comes after ``PROBE_SOON`` plain steps, unpriced, and
-    so on while they win, so a controller that stopped drafting where drafting now pays is back
-    within a few dozen steps (the forecast alone would wait for the budget a long request may
-    never earn).
+    tokens. Gamma 0 is one target row for one token. A drafting plan's gamma is the best length for
+    a draft of average confidence: the draft may run on to the longest allowed (``Plan.reach``)
+    while ``keep_going`` finds, from its confidence so far, that another depth pays. Plain and
+    drafting steps learn their own overhead (time outside model calls). When gamma 0 wins it still
+    drafts now and then, so that acceptance stays measured and a change of regime is noticed: after
+    ``PROBE_FIRST`` plain steps, doubling while probes lose, at most every ``PROBE_MAX``, and only
+    once the plain steps since the last draft have earned the probe's expected loss at
+    ``PROBE_BUDGET``. That loss counts the aux feeding the tokens it skipped (``lag``), which is
+    what a probe costs most where drafting does not pay: probes then come early in a request, or not
+    at all in a long one, and cost at most a few per cent. A probe drafts ``PROBE_GAMMA`` tokens at
+    least, so that an aux call as drafting on would make it is timed beside its verify. One that
+    beat a plain step clearly refuted the forecast its loss was priced by: the next comes after
+    ``PROBE_SOON`` plain steps, unpriced, and so on while they win, so a controller that stopped
+    drafting where drafting now pays is back within a few dozen steps (the forecast alone would wait
+    for the budget a long request may never earn).
 
     A tree method (MMTAD) also weighs, at each width, verifying the best beam alone (``Plan.alone``:
     MTAD's straight verify, fewer rows) against the tree, from what each tree's best beam would
@@ -381,6 +389,12 @@ class Controller:
         else:
             acc.since_draft, acc.probe_every, acc.earned = 0, PROBE_FIRST, False
             best = self._try_tree(self._stretch(best, options), options)
+            if not self._stretching:
+                # gamma is the best length for a draft of average confidence; where the aux is surer
+                # (or less sure) than average, keep_going lets the draft run on (or stops it). Capped
+                # at the forecast's length, drafts at a flat optimum swung with the costs' noise: x4
+                # at T = 0 drafted 376-488 tokens over five repeats of the same texts, now 462-519.
+                best = replace(best, reach=gammas[-1])
         best.timed = not unknown
         self._plan, self._beam_s, self._first_aux, self._reads = best, None, None, None
         return best
@@ -413,21 +427,22 @@ class Controller:
         drafting on expected to raise tokens per second? It is when, for some depth up to the
         plan's, the tokens it is expected to add per extra second beat the step's average so far
         (the test for a ratio E/T; looking past the next depth because a verify's cost grows in
-        steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do). Depth j's chance
+        steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do), up to the plan's
+        reach: a confident draft runs past the plan's gamma. Depth j's chance
         is P(depth accepted | confidence) x P(j accepted | depth accepted)."""
         plan = self._plan
-        if plan is None or depth >= plan.gamma:
+        if plan is None or depth >= plan.longest:
             return False
         floor = max(self.gammas[0], PROBE_GAMMA if self._probing else 0)
         if self._stretching or depth < min(plan.gamma, floor):  # a stretch, a probe, or the method's floor (MTAD: 4)
             return True
         acc, w, alone = self.table(plan.alone), plan.width, plan.alone
-        survival = acc.survivals(w, plan.gamma)
+        survival = acc.survivals(w, plan.longest)
         now = max(survival[depth], 1e-9)
         sure = acc.given_confidence(w, cum_logq)
         seconds, tokens = self.step_seconds(depth, w, 0, survival, alone), sum(survival[: depth + 1])
         gain = 0.0
-        for d in range(depth + 1, plan.gamma + 1):
+        for d in range(depth + 1, plan.longest + 1):
             gain += sure * survival[d] / now
             # (tokens + gain) / step_seconds(d) beats tokens / seconds
             if (tokens + gain) * seconds > tokens * self.step_seconds(d, w, 0, survival, alone):
