@@ -425,11 +425,11 @@ class Controller:
     def keep_going(self, depth: int, cum_logq: float) -> bool:
         """After ``depth`` drafted tokens whose best beam has cumulative log q ``cum_logq``: is
         drafting on expected to raise tokens per second? It is when, for some depth up to the
-        plan's, the tokens it is expected to add per extra second beat the step's average so far
-        (the test for a ratio E/T; looking past the next depth because a verify's cost grows in
-        steps, a tree's most: depth 3 alone may not pay where depths 3 and 4 do), up to the plan's
-        reach: a confident draft runs past the plan's gamma. Depth j's chance
-        is P(depth accepted | confidence) x P(j accepted | depth accepted)."""
+        plan's longest (its reach: a sure draft runs past its gamma), the tokens it is expected to
+        add per extra second beat the step's average so far (the test for a ratio E/T; looking past
+        the next depth because a verify's cost grows in steps, a tree's most: depth 3 alone may not
+        pay where depths 3 and 4 do). Depth j's chance is P(depth accepted | confidence) x
+        P(j accepted | depth accepted)."""
         plan = self._plan
         if plan is None or depth >= plan.longest:
             return False
