@@ -1,8 +1,8 @@
 """What the adaptive controller's probes cost beside plain decoding: ar, auto, auto whose aux
 controller never probes, and auto whose prompt-lookup controllers never probe, on the 6 default
-bench prompts, interleaved prompt by prompt (the order rotating each repeat), each variant on an
-engine of its own (what one variant learns does not steer another), speed as tokens over decoding
-seconds per repeat, against ar in the same repeat.
+bench prompts, interleaved prompt by prompt (the order rotating each repeat), each auto variant on
+an engine of its own (what one learns does not steer another; ar runs on plain auto's), speed as
+tokens over decoding seconds per repeat, against ar in the same repeat.
 
     .venv/bin/python scripts/probe_cost.py [--pair smollm2-135m] [--temperature 0.7] [--repeats 5]
 
@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 import mtad_edge.runtime.drafting.controller as C
-from mtad_edge.bench.run import load_prompts
+from mtad_edge.bench.run import load_prompts, render
 from mtad_edge.engine import Engine
 
 VARIANTS = ("ar", "auto", "no aux probes", "no lookup probes")
@@ -50,7 +50,7 @@ def main() -> None:
     if args.temperature is not None:
         options["temperature"] = args.temperature
     items = load_prompts()
-    texts = [engines["ar"].render_chat(it["messages"]) if "messages" in it else it["prompt"] for it in items]
+    texts = [render(engines["ar"], it) for it in items]
     speeds: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for rep in range(args.repeats):
         totals = {v: [0, 0.0] for v in VARIANTS}
